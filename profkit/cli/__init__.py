@@ -1,0 +1,21 @@
+"""The ``profkit`` command line. Commands only parse arguments and call library functions."""
+
+from __future__ import annotations
+
+import typer
+
+from profkit.cli import methods_cmd, record_cmd
+
+app = typer.Typer(
+    name="profkit",
+    help="Measure where the memory and the time of LLM fine-tuning and serving methods go.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("methods")(methods_cmd.methods)
+app.command("record", epilog=record_cmd.EPILOG)(record_cmd.record)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from profkit import runner
+from profkit.cli.common import fail_usage, human_bytes
+from profkit.methods import METHODS, Method, UnknownMethodError, resolve
+from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
+from profkit.settings import RunSettings
+from profkit.store import DEFAULT_ROOT
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EPILOG = (f"Exit codes: {EXIT_OK} every run ok; {EXIT_FAILED} a run failed or ran out of memory; "
+          f"{EXIT_USAGE} bad arguments (e.g. an unknown method); {EXIT_UNSUPPORTED} a method is unsupported "
+          f"on this device (the others were recorded); {EXIT_INTERRUPTED} interrupted.")
+STATUS_STYLE = {"ok": "green", "unsupported": "yellow", "interrupted": "yellow", "oom": "red", "failed": "red"}
+
+
+class _ProgressObserver:
+    def __init__(self, progress: Progress, n_methods: int):
+        self.progress = progress
+        self.overall = progress.add_task("matrix", total=n_methods)
+        self.current = None
+
+    def method_started(self, method: Method, total_steps: int) -> None:
+        self.current = self.progress.add_task(f"  {method.name}", total=total_steps)
+
+    def step_done(self, method: Method, phase: str) -> None:
+        if self.current is not None:
+            self.progress.update(self.current, advance=1, description=f"  {method.name} [dim]{phase}[/]")
+
+    def method_finished(self, outcome: runner.Outcome) -> None:
+        if self.current is not None:
+            self.progress.remove_task(self.current)
+            self.current = None
+        self.progress.advance(self.overall)
+        self.progress.console.print(summary_line(outcome))
+
+
+def summary_line(outcome: runner.Outcome) -> str:
+    m = outcome.manifest
+    style = STATUS_STYLE.get(outcome.status, "red")
+    head = f"[{style}]{outcome.status:<11}[/] {outcome.method:<15}"
+    if outcome.status != "ok":
+        return f"{head} {outcome.reason or ''} [dim](see {outcome.path})[/]"
+    t = m["timings"]
+    unit = "tok/s"
+    peaks = m.get("peaks", {})
+    peak = (f"peak allocated {human_bytes(peaks['cuda_max_allocated'])}" if "cuda_max_allocated" in peaks
+            else f"peak RSS {human_bytes(peaks.get('process_rss_peak', 0))}")
+    return f"{head} step {t['step_time_s'] * 1e3:8.1f} ms {t['tokens_per_s']:9,.0f} {unit}  {peak}"
+
+
+def record(
+    methods: list[str] = typer.Argument(None, help=f"Methods to record ({', '.join(METHODS)}).", show_default=False),
+    all_methods: bool = typer.Option(False, "--all", help="Record every method (the whole matrix)."),
+    preset: str = typer.Option(DEFAULT_PRESET, help=f"Model preset with random weights ({', '.join(PRESETS)})."),
+    model: Optional[Path] = typer.Option(None, help="A local Hugging Face checkpoint (and tokenizer) instead of a preset."),
+    dataset: Optional[Path] = typer.Option(None, help="A local .txt or .jsonl file instead of the bundled data."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Batch size (default: the preset's)."),
+    seq_len: Optional[int] = typer.Option(None, min=8, help="Sequence length (default: the preset's)."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="Tokens generated per prompt by inference methods."),
+    warmup_steps: int = typer.Option(2, min=0, help="Warm-up steps before anything is measured."),
+    steps: int = typer.Option(5, min=1, help="Timed steps without the profiler (step time, tokens/s)."),
+    profiled_steps: int = typer.Option(2, min=1, help="Active steps of the time-profiling cycle."),
+    output: Path = typer.Option(DEFAULT_ROOT, "--output", "-o", help="Directory that receives one run per method."),
+) -> None:
+    """Record methods under torch.profiler, each in a fresh process, into OUTPUT/<method>/."""
+    try:
+        chosen = resolve(methods or [], all_methods)
+        get_preset(preset)
+    except (UnknownMethodError, UnknownPresetError) as exc:
+        fail_usage(str(exc))
+    if not chosen:
+        fail_usage(f"name at least one method, or --all; valid methods: {', '.join(METHODS)}")
+    if device not in ("auto", "cpu", "cuda"):
+        fail_usage(f"unknown device {device!r}; valid: auto, cpu, cuda")
+    if model is not None and not (model / "config.json").is_file():
+        fail_usage(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
+    if dataset is not None and not dataset.is_file():
+        fail_usage(f"--dataset {dataset}: no such file")
+
+    base = RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
+                       dataset_path=str(dataset.resolve()) if dataset else None, device=device,
+                       batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens,
+                       warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps)
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            outcomes = runner.record(chosen, base, output, _ProgressObserver(progress, len(chosen)))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]: the run in progress is marked 'interrupted'; complete runs are kept")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    statuses = {o.status for o in outcomes}
+    if statuses & {"failed", "oom"}:
+        raise typer.Exit(EXIT_FAILED)
+    if "unsupported" in statuses:
+        raise typer.Exit(EXIT_UNSUPPORTED)

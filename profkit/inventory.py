@@ -1,0 +1,135 @@
+"""An exact inventory of the bytes a training run holds, read from the live objects.
+
+The profiler's memory categories are heuristics over what it saw during profiling; this inventory is
+ground truth for static memory: every parameter, buffer, gradient and optimizer-state tensor, counted
+once per storage (tied weights and flat buffers are not double counted), by owner, dtype and device.
+DeepSpeed's ZeRO optimizers hold their own flat buffers; those are walked and named too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterator
+
+import torch
+
+OWNERS = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "buffers", "gradients",
+          "optimizer_state", "framework")
+
+
+def _quant_state_tensors(qs: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors of a bitsandbytes QuantState, including the nested (double-quantization) state."""
+    for name in ("absmax", "code", "offset"):
+        value = getattr(qs, name, None)
+        if isinstance(value, torch.Tensor):
+            yield name, value
+    nested = getattr(qs, "state2", None)
+    if nested is not None:
+        for name, value in _quant_state_tensors(nested):
+            yield f"state2.{name}", value
+
+
+def _is_quantized(p: torch.Tensor) -> bool:
+    return getattr(p, "quant_state", None) is not None or type(p).__name__ == "Params4bit"
+
+
+class _Tally:
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, int]] = set()
+        self.rows: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+
+    def add(self, owner: str, detail: str, t: torch.Tensor, numel: int | None = None) -> bool:
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        if storage.nbytes() == 0 or key in self.seen:
+            return False
+        self.seen.add(key)
+        row = self.rows[(owner, detail, str(t.dtype).removeprefix("torch."), t.device.type)]
+        row[0] += storage.nbytes()
+        row[1] += 1
+        row[2] += t.numel() if numel is None else numel
+        return True
+
+    def as_rows(self) -> list[dict]:
+        return [{"owner": o, "detail": d, "dtype": dt, "device": dev, "bytes": b, "tensors": n, "numel": ne}
+                for (o, d, dt, dev), (b, n, ne) in sorted(self.rows.items())]
+
+
+def _param_storage(p: torch.Tensor) -> torch.Tensor:
+    # ZeRO-3 replaces a parameter's data with an empty tensor and keeps its partition in ds_tensor.
+    ds = getattr(p, "ds_tensor", None)
+    return ds if isinstance(ds, torch.Tensor) and p.numel() == 0 else p
+
+
+def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimizer: Any = None) -> dict:
+    """Rows ``{owner, detail, dtype, device, bytes, tensors, numel}`` plus parameter counts.
+
+    Parameter counts are logical element counts (a 4-bit weight counts its unpacked elements), so that
+    they compare to the model's configuration; bytes are what storage really holds.
+    """
+    tally = _Tally()
+    counts = {"trainable_params": 0, "frozen_params": 0, "quantized_params": 0}
+    for name, p in model.named_parameters():
+        data = _param_storage(p)
+        if _is_quantized(p):
+            qs = p.quant_state
+            logical = int(torch.Size(qs.shape).numel()) if qs is not None else p.numel()
+            if tally.add("parameters_quantized", "nf4 weight", data, numel=logical):
+                counts["quantized_params"] += logical
+            for qname, qt in _quant_state_tensors(qs):
+                tally.add("parameters_quantized", f"quant_state.{qname}", qt)
+        elif p.requires_grad:
+            if tally.add("parameters_trainable", "", data, numel=getattr(p, "ds_numel", p.numel())):
+                counts["trainable_params"] += getattr(p, "ds_numel", p.numel())
+        elif tally.add("parameters_frozen", "", data, numel=getattr(p, "ds_numel", p.numel())):
+            counts["frozen_params"] += getattr(p, "ds_numel", p.numel())
+    for _, b in model.named_buffers():
+        tally.add("buffers", "", b)
+    for _, p in model.named_parameters():
+        if p.grad is not None:
+            tally.add("gradients", "param.grad", p.grad)
+
+    inner = inner_optimizer if inner_optimizer is not None else optimizer
+    if inner is not None:
+        for state in inner.state.values():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    tally.add("optimizer_state", key, value)
+    if optimizer is not None and optimizer is not inner:
+        _walk_framework(tally, optimizer, type(optimizer).__name__, depth=0)
+    return {"rows": tally.as_rows(), **counts}
+
+
+def _framework_owner(path: str) -> str:
+    low = path.lower()
+    if "grad" in low or "ipg" in low:
+        return "gradients"
+    if "fp32" in low:
+        return "optimizer_state"  # ZeRO's fp32 master copy of the trainable weights
+    return "framework"
+
+
+def _walk_framework(tally: _Tally, obj: Any, path: str, depth: int) -> None:
+    """Tensors that a DeepSpeed optimizer holds beyond the model and the inner optimizer's state."""
+    if depth > 4:
+        return
+    if isinstance(obj, torch.Tensor):
+        tally.add(_framework_owner(path), f"deepspeed:{path}", obj)
+    elif isinstance(obj, dict):
+        for k, v in list(obj.items())[:10_000]:
+            _walk_framework(tally, v, f"{path}[{k}]" if not isinstance(k, torch.Tensor) else path, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj[:10_000]:
+            _walk_framework(tally, v, path, depth + 1)
+    elif type(obj).__module__.startswith("deepspeed") and hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module):
+        for k, v in vars(obj).items():
+            if k in ("optimizer", "module", "param_names", "_global_grad_norm"):
+                continue
+            _walk_framework(tally, v, k if depth == 0 else f"{path}.{k}", depth + 1)
+
+
+def totals_by_owner(inventory: dict) -> dict[str, int]:
+    out = {owner: 0 for owner in OWNERS}
+    for row in inventory["rows"]:
+        out[row["owner"]] += row["bytes"]
+    return out

@@ -1,0 +1,43 @@
+"""What one recording run is asked to do. Plain data, JSON-serializable, so the parent CLI can
+hand it to the fresh subprocess that runs the method."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from profkit.presets import DEFAULT_PRESET, get_preset
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    method: str
+    preset: str = DEFAULT_PRESET
+    model_path: str | None = None  # a local Hugging Face checkpoint instead of the preset
+    dataset_path: str | None = None  # a local text/JSONL file instead of the bundled data
+    device: str = "auto"
+    batch_size: int | None = None  # None: the preset's default
+    seq_len: int | None = None
+    max_new_tokens: int | None = None
+    warmup_steps: int = 2
+    timed_steps: int = 5  # unprofiled steps: clean step time, tokens/s, loss
+    profiled_steps: int = 2  # active steps of the time-profiling cycle
+    memory_steps: int = 1  # active steps of the memory-profiling cycle
+    seed: int = 0
+
+    def resolved(self) -> "RunSettings":
+        """Fill workload sizes from the preset, so manifests state what actually ran."""
+        p = get_preset(self.preset)
+        return replace(self, batch_size=self.batch_size or p.batch_size, seq_len=self.seq_len or p.seq_len,
+                       max_new_tokens=self.max_new_tokens or p.max_new_tokens)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunSettings":
+        return cls(**data)
+
+    @property
+    def total_steps(self) -> int:
+        # Each profiling cycle has one warm-up step before its active steps.
+        return self.warmup_steps + self.timed_steps + (1 + self.profiled_steps) + (1 + self.memory_steps)

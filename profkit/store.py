@@ -1,0 +1,134 @@
+"""Where recorded runs live. The only module that knows directory layout and file names.
+
+Layout (one TensorBoard run per method; the two profiling cycles are its two workers)::
+
+    traces/<run>/manifest.json
+    traces/<run>/time.pt.trace.json.gz        time-profiling cycle (Kineto trace)
+    traces/<run>/memory.pt.trace.json.gz      memory-profiling cycle (Kineto trace with memory events)
+    traces/<run>/memory_timeline.raw.json.gz  the profiler's categorized memory timeline
+    traces/<run>/memory_snapshot.pickle       CUDA allocator history (open in pytorch.org/memory_viz)
+    traces/<run>/oom_snapshot.pickle          CUDA allocator state at an out-of-memory error
+    traces/<run>/record.log                   the run's own output
+
+A run is recorded into ``traces/.<run>.partial-<pid>/`` and renamed into place by ``commit``; a
+directory without a manifest, or under a partial name, is never a complete run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+TIME_TRACE = "time.pt.trace.json.gz"
+MEMORY_TRACE = "memory.pt.trace.json.gz"
+MEMORY_TIMELINE = "memory_timeline.raw.json.gz"
+CUDA_SNAPSHOT = "memory_snapshot.pickle"
+OOM_SNAPSHOT = "oom_snapshot.pickle"
+LOG = "record.log"
+PARTIAL_MARK = ".partial-"
+ATTEMPTS_DIR = ".attempts"
+DEFAULT_ROOT = Path("traces")
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "oom", "failed", "unsupported", "interrupted")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def time_trace(self) -> Path:
+        return self.path / TIME_TRACE
+
+    @property
+    def memory_trace(self) -> Path:
+        return self.path / MEMORY_TRACE
+
+    @property
+    def memory_timeline(self) -> Path:
+        return self.path / MEMORY_TIMELINE
+
+    @property
+    def cuda_snapshot(self) -> Path:
+        return self.path / CUDA_SNAPSHOT
+
+    @property
+    def oom_snapshot(self) -> Path:
+        return self.path / OOM_SNAPSHOT
+
+    @property
+    def log(self) -> Path:
+        return self.path / LOG
+
+    def read_manifest(self) -> dict:
+        return json.loads(self.manifest.read_text())
+
+    def write_manifest(self, manifest: dict) -> None:
+        write_json_atomic(self.manifest, manifest)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def new_partial(root: Path, run: str) -> RunDir:
+    """A fresh directory to record ``run`` into; invisible to analysis until committed."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f".{run}{PARTIAL_MARK}{os.getpid()}-{time.time_ns()}"
+    path.mkdir()
+    return RunDir(path)
+
+
+def commit(partial: RunDir, root: Path, run: str) -> RunDir:
+    """Move a finished recording into place.
+
+    A complete (``ok``) run replaces the previous one. An incomplete one (oom, failed, unsupported,
+    interrupted) takes the run's place only if there is no complete run there to lose; otherwise it is
+    kept under ``.attempts/`` and the complete run stays.
+    """
+    status = partial.read_manifest()["status"]
+    target = root / run
+    if status != "ok" and is_complete(target):
+        attempts = root / ATTEMPTS_DIR
+        attempts.mkdir(exist_ok=True)
+        dest = attempts / f"{run}-{time.strftime('%Y%m%d-%H%M%S')}-{status}"
+        os.replace(partial.path, dest)
+        return RunDir(dest)
+    old = None
+    if target.exists():
+        old = root / f".{run}.old-{os.getpid()}-{time.time_ns()}"
+        os.replace(target, old)
+    os.replace(partial.path, target)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+    return RunDir(target)
+
+
+def is_complete(path: Path) -> bool:
+    try:
+        return RunDir(path).read_manifest().get("status") == "ok"
+    except (OSError, ValueError):
+        return False
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / MANIFEST).is_file() and PARTIAL_MARK not in path.name
+
+
+def find_runs(root: Path) -> list[RunDir]:
+    """Committed runs under ``root`` (itself a run, or a directory of runs), in name order."""
+    if is_run_dir(root):
+        return [RunDir(root)]
+    return [RunDir(p) for p in sorted(root.iterdir()) if not p.name.startswith(".") and is_run_dir(p)]

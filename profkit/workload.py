@@ -1,0 +1,336 @@
+"""The workload: model, data, optimizer and one step of each method.
+
+The only module that imports transformers, peft, bitsandbytes and deepspeed. Everything
+here is built from a ``RunSettings`` and a ``Method``; the recorder only calls ``step()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import nullcontext
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.profiler import record_function
+
+from profkit.methods import Method
+from profkit.presets import get_preset
+from profkit.settings import RunSettings
+
+# Phase labels used with record_function; analysis splits traces by these names.
+PHASE_DATA = "profkit/data"
+PHASE_FORWARD = "profkit/forward"
+PHASE_BACKWARD = "profkit/backward"
+PHASE_OPTIMIZER = "profkit/optimizer_step"
+PHASE_GENERATE = "profkit/generate"
+
+BUNDLED_TRAIN_TEXT = "wikitext-2/valid.txt"
+BUNDLED_PROMPTS = "gsm8k/test.jsonl"
+
+
+class UnsupportedError(RuntimeError):
+    """A method that a library cannot run on this device; raised before any training."""
+
+
+def bundled(name: str) -> Path:
+    return Path(str(resources.files("profkit") / "data" / name))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PROFKIT_CACHE", Path.home() / ".cache" / "profkit"))
+
+
+# --------------------------------------------------------------------------- device
+
+def resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {requested!r}; valid: auto, cpu, cuda")
+    return requested
+
+
+def unsupported_reason(method: Method, device: str) -> str | None:
+    """Why ``method`` cannot run on ``device`` with the installed libraries, or None if it can."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return "CUDA was requested but torch.cuda.is_available() is False (no GPU or a CPU-only torch build)"
+    if method.quantization == "nf4":
+        try:
+            import bitsandbytes  # noqa: F401
+        except Exception as exc:  # bitsandbytes raises assorted errors when its native library is missing
+            return f"NF4 quantization needs bitsandbytes, which failed to import: {exc}"
+    if method.zero_stage:
+        try:
+            import deepspeed  # noqa: F401
+        except Exception as exc:
+            return f"ZeRO-{method.zero_stage} needs DeepSpeed, which failed to import: {exc}"
+        import torch.distributed as dist
+        backend = "nccl" if device == "cuda" else "gloo"
+        available = dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available())
+        if not available:
+            return f"ZeRO-{method.zero_stage} needs the torch.distributed {backend} backend, which this torch build lacks"
+    return None
+
+
+def half_dtype(device: str) -> torch.dtype:
+    """Storage dtype of frozen weights and of inference: bf16 on GPUs that have it, fp16 on older ones,
+    fp32 on CPU (CPU half-precision matmuls are emulated and would distort the time breakdown)."""
+    if device == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+# --------------------------------------------------------------------------- model
+
+def tokenizer_for(settings: RunSettings):
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if settings.model_path:
+        tok = AutoTokenizer.from_pretrained(settings.model_path, local_files_only=True)
+    else:
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(bundled("tokenizer.json")), bos_token="<|bos|>",
+                                      eos_token="<|eos|>", pad_token="<|pad|>")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def materialize_preset(name: str) -> Path:
+    """A local checkpoint with the preset's random weights (seed 0), built once and cached.
+
+    Every method then loads through the same ``from_pretrained`` path as a user's own checkpoint, so
+    quantized loading (which transformers only offers at load time) works for presets too.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    preset = get_preset(name)
+    digest = hashlib.sha256(json.dumps(preset.config, sort_keys=True).encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{name}-{digest}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        config = AutoConfig.for_model(**preset.config)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if preset.name == "llama-3.2-3b" else torch.float32)
+        model.save_pretrained(tmp)
+        tokenizer_for(RunSettings(method="", preset=name)).save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process materialized it first
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def build_model(method: Method, settings: RunSettings, device: str):
+    """Load the model as ``method`` prescribes: dtype, NF4, k-bit preparation, LoRA, checkpointing."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    path = settings.model_path or materialize_preset(settings.preset)
+    half = half_dtype(device)
+    # Trainable full fine-tuning weights stay fp32 (mixed precision via autocast); frozen bases use half.
+    dtype = torch.float32 if (method.kind == "train" and method.adapter == "none") else half
+    kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
+    if method.quantization == "nf4":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=half)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+
+    if method.kind == "infer":
+        model.eval()
+        _check_cpu_4bit_inference(model, device)
+        return model
+
+    model.config.use_cache = False
+    if method.quantization:
+        from peft import prepare_model_for_kbit_training
+        # Casts the remaining non-quantized weights (norms, embeddings) to fp32, as QLoRA users get it.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if method.gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad, so it works with frozen embeddings.
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if method.adapter == "lora":
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(
+            r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
+            target_modules=list(method.lora_targets), task_type="CAUSAL_LM"))
+    model.train()
+    return model
+
+
+def _check_cpu_4bit_inference(model, device: str) -> None:
+    """bitsandbytes' CPU inference path (taken on CPUs with AVX512-BF16) repacks 4-bit weights in blocks of
+    32 output features and asserts deep inside generate(); say so before running instead."""
+    if device != "cpu":
+        return
+    block = 32
+    for name, module in model.named_modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False) and module.out_features % block:
+            raise UnsupportedError(
+                f"bitsandbytes' CPU 4-bit inference kernel needs every quantized layer's output size to be a "
+                f"multiple of {block}; {name} has {module.out_features}")
+
+
+# --------------------------------------------------------------------------- data
+
+def training_batches(tokenizer, settings: RunSettings, device: str) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless batches of ``seq_len`` token blocks from the bundled WikiText-2 or a user's file."""
+    from datasets import load_dataset
+
+    path = settings.dataset_path or str(bundled(BUNDLED_TRAIN_TEXT))
+    if path.endswith((".jsonl", ".json")):
+        ds = load_dataset("json", data_files=path, split="train")
+        if "text" not in ds.column_names:
+            raise ValueError(f"{path}: a JSON/JSONL training file needs a 'text' field (found {ds.column_names})")
+    else:
+        ds = load_dataset("text", data_files=path, split="train")
+    ds = ds.filter(lambda row: bool(row["text"].strip()))
+    ids = [t for row in ds.map(lambda b: tokenizer(b["text"]), batched=True, remove_columns=ds.column_names)["input_ids"]
+           for t in row]
+    block = settings.seq_len
+    n_blocks = len(ids) // block
+    if n_blocks < settings.batch_size:
+        raise ValueError(f"{path}: {len(ids)} tokens is too little text for batch {settings.batch_size} x {block}")
+    blocks = torch.tensor(ids[: n_blocks * block]).view(n_blocks, block)
+    start = 0
+    while True:
+        if start + settings.batch_size > n_blocks:
+            start = 0
+        batch = blocks[start:start + settings.batch_size].to(device)
+        start += settings.batch_size
+        yield {"input_ids": batch, "labels": batch}
+
+
+def inference_prompts(tokenizer, settings: RunSettings, device: str) -> Iterator[torch.Tensor]:
+    """Endless GSM8K questions (bundled, or a user's JSONL with 'question' or 'text'), batch size 1."""
+    from datasets import load_dataset
+
+    path = settings.dataset_path or str(bundled(BUNDLED_PROMPTS))
+    ds = load_dataset("json", data_files=path, split="train")
+    field = "question" if "question" in ds.column_names else "text"
+    if field not in ds.column_names:
+        raise ValueError(f"{path}: an inference file needs a 'question' or 'text' field (found {ds.column_names})")
+    prompts = [tokenizer(q, return_tensors="pt")["input_ids"][:, : settings.seq_len] for q in ds[field]]
+    while True:
+        for p in prompts:
+            yield p.to(device)
+
+
+# --------------------------------------------------------------------------- steps
+
+@dataclass
+class Workload:
+    """A built method: the objects that hold memory, and ``step()`` that the recorder calls."""
+
+    method: Method
+    device: str
+    model: Any
+    optimizer: Any  # torch optimizer, or DeepSpeed's ZeRO optimizer
+    engine: Any  # DeepSpeed engine or None
+    step: Callable[[Callable[[], None] | None], dict]
+    tokens_per_step: int
+
+    @property
+    def inner_optimizer(self):
+        """The torch optimizer that owns the moment tensors (DeepSpeed wraps it)."""
+        return getattr(self.optimizer, "optimizer", self.optimizer)
+
+
+def _autocast(device: str):
+    return torch.autocast("cuda", dtype=half_dtype(device)) if device == "cuda" else nullcontext()
+
+
+def _init_single_process_group(device: str) -> None:
+    import deepspeed
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(method: Method, settings: RunSettings, device: str) -> Workload:
+    reason = unsupported_reason(method, device)
+    if reason:
+        raise UnsupportedError(reason)
+    torch.manual_seed(settings.seed)
+    tokenizer = tokenizer_for(settings)
+    model = build_model(method, settings, device)
+    if method.kind == "infer":
+        return _inference_workload(method, settings, device, tokenizer, model)
+
+    batches = training_batches(tokenizer, settings, device)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=method.learning_rate)
+    engine = None
+    if method.zero_stage:
+        import deepspeed
+        _init_single_process_group(device)
+        # DeepSpeed's own defaults otherwise (bucket sizes, contiguous gradients): what users get.
+        ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
+                     "zero_optimization": {"stage": method.zero_stage}, "zero_allow_untested_optimizer": True,
+                     "steps_per_print": 10**9}
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+
+    def step(after_backward: Callable[[], None] | None = None) -> dict:
+        with record_function(PHASE_DATA):
+            batch = next(batches)
+        with record_function(PHASE_FORWARD), _autocast(device):
+            loss = (engine or model)(**batch).loss
+        with record_function(PHASE_BACKWARD):
+            engine.backward(loss) if engine else loss.backward()
+        if after_backward:
+            after_backward()
+        with record_function(PHASE_OPTIMIZER):
+            if engine:
+                engine.step()
+            else:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss.item()}
+
+    return Workload(method, device, model, optimizer, engine, step, settings.batch_size * settings.seq_len)
+
+
+def _inference_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
+    prompts = inference_prompts(tokenizer, settings, device)
+    new_tokens = settings.max_new_tokens
+
+    @torch.inference_mode()
+    def step(after_backward: Callable[[], None] | None = None) -> dict:
+        with record_function(PHASE_DATA):
+            input_ids = next(prompts)
+        with record_function(PHASE_GENERATE), _autocast(device):
+            # min_new_tokens = max_new_tokens: every step generates the same count, so tokens/s compare.
+            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+        if after_backward:
+            after_backward()
+        return {"prompt_tokens": input_ids.shape[1], "new_tokens": out.shape[1] - input_ids.shape[1]}
+
+    return Workload(method, device, model, None, None, step, new_tokens)
