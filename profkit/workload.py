@@ -20,16 +20,11 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.profiler import record_function
 
+from profkit import labels
 from profkit.methods import Method
 from profkit.presets import get_preset
 from profkit.settings import RunSettings
 
-# Phase labels used with record_function; analysis splits traces by these names.
-PHASE_DATA = "profkit/data"
-PHASE_FORWARD = "profkit/forward"
-PHASE_BACKWARD = "profkit/backward"
-PHASE_OPTIMIZER = "profkit/optimizer_step"
-PHASE_GENERATE = "profkit/generate"
 
 BUNDLED_TRAIN_TEXT = "wikitext-2/valid.txt"
 BUNDLED_PROMPTS = "gsm8k/test.jsonl"
@@ -148,6 +143,7 @@ def build_model(method: Method, settings: RunSettings, device: str):
             bnb_4bit_compute_dtype=half)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
 
+    _label_norms(model)
     if method.kind == "infer":
         model.eval()
         _check_cpu_4bit_inference(model, device)
@@ -161,6 +157,7 @@ def build_model(method: Method, settings: RunSettings, device: str):
     if method.gradient_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad, so it works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        _label_recompute(model)
     if method.adapter == "lora":
         from peft import LoraConfig, get_peft_model
         model = get_peft_model(model, LoraConfig(
@@ -168,6 +165,40 @@ def build_model(method: Method, settings: RunSettings, device: str):
             target_modules=list(method.lora_targets), task_type="CAUSAL_LM"))
     model.train()
     return model
+
+
+def _label_recompute(model) -> None:
+    """Mark the recomputation that gradient checkpointing runs during backward, so traces can tell it
+    from the first forward. transformers calls each layer's ``_gradient_checkpointing_func``."""
+    for module in model.modules():
+        original = getattr(module, "_gradient_checkpointing_func", None)
+        if original is not None and not getattr(original, "_profkit_labelled", False):
+            module._gradient_checkpointing_func = _labelled_checkpoint(original)
+
+
+def _labelled_checkpoint(checkpoint_func):
+    def run(function, *args, **kwargs):
+        def forward(*a, **k):
+            # Inside autograd's backward a graph task is running: this call is the recomputation.
+            if torch._C._current_graph_task_id() != -1:
+                with record_function(labels.RECOMPUTE):
+                    return function(*a, **k)
+            return function(*a, **k)
+        return checkpoint_func(forward, *args, **kwargs)
+    run._profkit_labelled = True
+    return run
+
+
+def _label_norms(model) -> None:
+    """Wrap normalization layers' forward in a label; analysis carries it to their backward ops."""
+    for module in model.modules():
+        if type(module).__name__.endswith(("RMSNorm", "LayerNorm")) and "forward" not in vars(module):
+            forward = module.forward
+
+            def labelled(*args, _forward=forward, **kwargs):
+                with record_function(labels.NORM):
+                    return _forward(*args, **kwargs)
+            module.forward = labelled
 
 
 def _check_cpu_4bit_inference(model, device: str) -> None:
@@ -204,13 +235,12 @@ def training_batches(tokenizer, settings: RunSettings, device: str) -> Iterator[
     if n_blocks < settings.batch_size:
         raise ValueError(f"{path}: {len(ids)} tokens is too little text for batch {settings.batch_size} x {block}")
     blocks = torch.tensor(ids[: n_blocks * block]).view(n_blocks, block)
-    start = 0
+    # Independent tensors: a view would keep the whole corpus' storage alive in the memory timeline.
+    batches = [blocks[i:i + settings.batch_size].clone().to(device)
+               for i in range(0, n_blocks - settings.batch_size + 1, settings.batch_size)]
     while True:
-        if start + settings.batch_size > n_blocks:
-            start = 0
-        batch = blocks[start:start + settings.batch_size].to(device)
-        start += settings.batch_size
-        yield {"input_ids": batch, "labels": batch}
+        for batch in batches:
+            yield {"input_ids": batch, "labels": batch}
 
 
 def inference_prompts(tokenizer, settings: RunSettings, device: str) -> Iterator[torch.Tensor]:
@@ -297,15 +327,15 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
 
     def step(after_backward: Callable[[], None] | None = None) -> dict:
-        with record_function(PHASE_DATA):
+        with record_function(labels.DATA):
             batch = next(batches)
-        with record_function(PHASE_FORWARD), _autocast(device):
+        with record_function(labels.FORWARD), _autocast(device):
             loss = (engine or model)(**batch).loss
-        with record_function(PHASE_BACKWARD):
+        with record_function(labels.BACKWARD):
             engine.backward(loss) if engine else loss.backward()
         if after_backward:
             after_backward()
-        with record_function(PHASE_OPTIMIZER):
+        with record_function(labels.OPTIMIZER):
             if engine:
                 engine.step()
             else:
@@ -322,9 +352,9 @@ def _inference_workload(method: Method, settings: RunSettings, device: str, toke
 
     @torch.inference_mode()
     def step(after_backward: Callable[[], None] | None = None) -> dict:
-        with record_function(PHASE_DATA):
+        with record_function(labels.DATA):
             input_ids = next(prompts)
-        with record_function(PHASE_GENERATE), _autocast(device):
+        with record_function(labels.GENERATE), _autocast(device):
             # min_new_tokens = max_new_tokens: every step generates the same count, so tokens/s compare.
             out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,

@@ -1,0 +1,75 @@
+"""Operator and kernel categories: one readable table of rules, first match wins.
+
+Rules match the name of a CPU op (``aten::mm``) or of a GPU kernel (``sm90_xmma_gemm_...``). Context
+decides before names do (see ``categorize``): work inside a profkit recompute region is ``recompute``,
+inside the optimizer step ``optimizer``, inside data loading ``data`` -- except communication, which is
+always ``communication`` wherever it runs. A GPU kernel that no rule names takes its launching op's
+category. Improve the table with ``profkit breakdown --explain other``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+# Time categories, in display order. host_overhead: CPU time inside the step but outside any operator
+# (Python, framework dispatch); idle: GPU time in the step with no kernel running.
+TIME_CATEGORIES = (
+    "gemm", "attention", "convolution", "quantization", "norm", "elementwise", "embedding_loss", "optimizer",
+    "recompute", "communication", "memcpy_memset", "data", "host_overhead", "idle", "other",
+)
+
+RULES: list[tuple[str, str]] = [
+    # (category, regular expression searched in the op or kernel name, case-insensitive)
+    ("communication", r"c10d::|nccl|gloo|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|"
+                      r"all_to_all|alltoall|barrier|_coalescing"),
+    ("quantization", r"bitsandbytes::|dequantize|quantize_4bit|quantize_blockwise|gemm_4bit|gemv_4bit|"
+                     r"kdequantize|kquantize|kgemm_4bit|int4pack|_weight_int4|nf4"),
+    ("attention", r"scaled_dot_product|flash|fmha|efficient_attention|_attention|attn|\bsoftmax|aten::_softmax"),
+    ("embedding_loss", r"embedding|nll_loss|cross_entropy|log_softmax"),
+    ("norm", r"rms_?norm|layer_?norm|batch_?norm|group_?norm|_norm\b|rsqrt|moments"),
+    ("gemm", r"aten::(mm|bmm|addmm|matmul|linear|baddbmm|addbmm|_addmm_activation|addmv|mv|dot)\b|gemm|gemv|"
+             r"cublas|cutlass|xmma|nvjet|wgmma|_mma|matmul"),
+    ("convolution", r"conv|cudnn|implicit_?gemm|winograd|wgrad|dgrad"),
+    ("optimizer", r"optimizer|adam|sgd|multi_tensor_apply|_foreach_|lamb"),
+    ("memcpy_memset", r"aten::(copy_|clone|contiguous|fill_|zero_|zeros|ones|empty|empty_like|empty_strided|"
+                      r"zeros_like|new_empty|new_zeros|resize_|set_|_to_copy|to)\b|memcpy|memset|cudamemcpy|"
+                      r"cudamemset"),
+    ("elementwise", r"aten::(add|add_|sub|mul|mul_|div|div_|neg|pow|exp|log|sqrt|tanh|sigmoid|silu|gelu|relu|"
+                    r"threshold|clamp|where|masked_fill|cat|stack|index|index_select|gather|scatter|slice|select|"
+                    r"view|reshape|transpose|permute|expand|unsqueeze|squeeze|flatten|t|mean|sum|max|min|"
+                    r"cumsum|arange|triu|tril|cos|sin|lt|gt|le|ge|eq|ne|bitwise|isinf|isnan|any|all|abs|"
+                    r"rand|bernoulli|dropout|native_dropout|_unsafe_view|as_strided|split|chunk|narrow|"
+                    r"unbind|repeat|alias|detach|lift_fresh|_reshape_alias|result_type|item|_local_scalar_dense|"
+                    r"is_nonzero|sort|topk|argmax|multinomial|scalar_tensor|lerp|addcmul|addcdiv|rsub|"
+                    r"sign|reciprocal|maximum|minimum|fmod|remainder|ceil|floor|round|type_as|_softmax_backward)|"
+                    r"elementwise|vectorized|unrolled|reduce_kernel|reduction|act_and_mul|silu|gelu|"
+                    r"batchnorm|pooling|dropout|fused|index|scatter|gather|cat_|catarray|copy_kernel|"
+                    r"triu|tril|arange|fill|where|compare|neg|pow|exp|sqrt|distribution|random"),
+]
+_COMPILED = [(cat, re.compile(rx, re.IGNORECASE)) for cat, rx in RULES]
+
+
+@lru_cache(maxsize=65536)
+def by_name(name: str) -> str | None:
+    """The category the name rules give, or None."""
+    for cat, rx in _COMPILED:
+        if rx.search(name):
+            return cat
+    return None
+
+
+def categorize(name: str, phase: str, recompute: bool, norm: bool) -> str:
+    """Category of an op's self time (or a kernel's time) from its name and its context."""
+    named = by_name(name)
+    if named == "communication":
+        return named
+    if recompute:
+        return "recompute"
+    if phase == "optimizer":
+        return "optimizer"
+    if phase == "data":
+        return "data"
+    if norm:
+        return "norm"
+    return named or "other"
