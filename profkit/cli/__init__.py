@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from profkit.cli import methods_cmd, record_cmd
+from profkit.cli import breakdown_cmd, methods_cmd, record_cmd
 
 app = typer.Typer(
     name="profkit",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 app.command("methods")(methods_cmd.methods)
 app.command("record", epilog=record_cmd.EPILOG)(record_cmd.record)
+app.command("breakdown", epilog=breakdown_cmd.EPILOG)(breakdown_cmd.breakdown)
 
 
 def main() -> None:

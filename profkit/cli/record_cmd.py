@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit import runner
-from profkit.cli.common import fail_usage, human_bytes
+from profkit.cli.common import fail_usage
+from profkit.report.units import human_bytes
 from profkit.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
 from profkit.settings import RunSettings

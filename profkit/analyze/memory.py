@@ -1,0 +1,177 @@
+"""Where the memory went: the decomposition at the run's peak and at each phase's peak.
+
+Sources, and which wins:
+- the exact inventory in the manifest (live objects, counted once per storage): parameters
+  (trainable, frozen incl. buffers, quantized incl. quantization state) and optimizer state. The
+  profiler only categorizes tensors it saw used while profiling; where the two differ the inventory
+  wins and the difference shows up in ``unattributed``.
+- the profiler's memory timeline (``export_memory_timeline`` raw events) for everything that comes and
+  goes within a step: gradients, activations (saved for backward, inputs, autograd state) and
+  temporaries, read at the instant of each peak.
+- the measured peak: on CUDA the allocator's ``max_memory_reserved`` (``allocator_overhead`` =
+  reserved - allocated at peak); on CPU there is no allocator counter, so the measured peak is the
+  timeline's own total at its peak (process RSS, which also holds code and libraries, is reported
+  beside it, not reconciled).
+
+``unattributed`` is measured minus everything attributed: never dropped, never spread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from profkit.analyze.trace import Trace, read_json
+
+MEMORY_CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "gradients",
+                     "optimizer_state", "activations", "temporaries", "allocator_overhead", "unattributed")
+# torch.profiler._memory_profiler category indices in the raw export (_CATEGORY_TO_INDEX order).
+TIMELINE_CATEGORIES = ("PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
+                       "AUTOGRAD_DETAIL", "UNKNOWN")
+_T = {name: i for i, name in enumerate(TIMELINE_CATEGORIES)}
+
+
+@dataclass
+class Timeline:
+    """Live bytes per profiler category after each distinct timestamp (ns)."""
+
+    t_ns: np.ndarray
+    live: np.ndarray  # shape (len(t_ns), 8)
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.live.sum(axis=1)
+
+    def peak_index(self, start_ns: float | None = None, end_ns: float | None = None) -> int | None:
+        lo = 0 if start_ns is None else max(int(np.searchsorted(self.t_ns, start_ns, side="right")) - 1, 0)
+        hi = len(self.t_ns) if end_ns is None else int(np.searchsorted(self.t_ns, end_ns, side="right"))
+        if hi <= lo:
+            return None
+        return lo + int(np.argmax(self.total[lo:hi]))
+
+
+def load_timeline(path: Path) -> Timeline:
+    """Read a ``*.raw.json.gz`` export: rows of [time_ns, action, signed bytes, category index]."""
+    raw = np.asarray(read_json(path), dtype=np.int64)
+    if raw.ndim != 2 or raw.shape[1] != 4 or not len(raw):
+        raise ValueError(f"{path}: not a raw memory timeline (expected rows of 4 numbers)")
+    raw = raw[np.argsort(raw[:, 0], kind="stable")]
+    onehot = np.zeros((len(raw), len(TIMELINE_CATEGORIES)), dtype=np.int64)
+    onehot[np.arange(len(raw)), raw[:, 3]] = raw[:, 2]
+    live = np.cumsum(onehot, axis=0)
+    last_of_each_time = np.r_[raw[1:, 0] != raw[:-1, 0], True]  # state after all events at a timestamp
+    return Timeline(raw[last_of_each_time, 0], live[last_of_each_time])
+
+
+@dataclass
+class MemoryResult:
+    rows: pd.DataFrame  # category, phase, bytes
+    measured: pd.DataFrame  # phase, measured_peak_bytes, source
+    notes: list[str] = field(default_factory=list)
+
+
+def inventory_totals(manifest: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for row in (manifest.get("inventory") or {}).get("rows", []):
+        key = row["owner"]
+        if key in ("gradients", "framework") and row["detail"].startswith("deepspeed:"):
+            key = f"zero_{key}"  # ZeRO's persistent flat buffers, invisible to the profiler's categories
+        out[key] = out.get(key, 0) + row["bytes"]
+    return out
+
+
+def phase_windows(trace: Trace, labels_to_phase: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """Absolute ns windows of each phase annotation in the memory trace's last profiled step."""
+    steps = trace.step_windows()
+    lo, hi = steps[-1] if steps else (-np.inf, np.inf)
+    base = trace.base_time_ns
+    out: dict[str, tuple[float, float]] = {}
+    for name, phase in labels_to_phase.items():
+        idx = np.flatnonzero((trace.name == name) & (trace.ts >= lo) & (trace.ts < hi))
+        if len(idx):
+            i = idx[-1]
+            out[phase] = (base + trace.ts[i] * 1e3, base + (trace.ts[i] + trace.dur[i]) * 1e3)
+    return out
+
+
+def _reconcile(tl: np.ndarray, inv: dict[str, int]) -> dict[str, int]:
+    """Split the profiler's live bytes at one instant into profkit's categories, inventory first.
+
+    Inventory tensors are matched against the profiler categories they can hide in, in this order:
+    parameters (the profiler files NF4 weights under INPUT: it does not see ``Params4bit`` as
+    parameters), optimizer state, ZeRO's other buffers, then gradients -- live only as far as the
+    profiler shows them (``param.grad`` exists from backward to ``zero_grad``). What remains keeps the
+    profiler's meaning: GRADIENT beyond the parameters' gradients (activation gradients, DeepSpeed's
+    staging bucket) is a temporary, INPUT is an activation (the batch), UNKNOWN is unattributed. Static
+    bytes the profiler never saw make ``unattributed`` negative: the inventory wins.
+    """
+    pool = {name: int(tl[_T[name]]) for name in ("PARAMETER", "OPTIMIZER_STATE", "GRADIENT", "INPUT", "UNKNOWN")}
+
+    def take(amount: int, sources: tuple[str, ...]) -> int:
+        """Remove ``amount`` from the pools in order; return how much could not be found."""
+        for src in sources:
+            got = min(amount, pool[src])
+            pool[src] -= got
+            amount -= got
+        return amount
+
+    params = inv.get("parameters_trainable", 0) + inv.get("parameters_frozen", 0) + inv.get("buffers", 0) \
+        + inv.get("parameters_quantized", 0)
+    missing = take(params, ("PARAMETER", "INPUT", "UNKNOWN"))
+    missing += take(inv.get("optimizer_state", 0), ("OPTIMIZER_STATE", "UNKNOWN", "PARAMETER"))
+    framework = inv.get("zero_framework", 0)
+    missing += take(framework, ("UNKNOWN", "GRADIENT", "INPUT"))
+    grads_total = inv.get("gradients", 0) + inv.get("zero_gradients", 0)
+    gradients = grads_total - take(grads_total, ("GRADIENT",))
+    return {
+        "parameters_trainable": inv.get("parameters_trainable", 0),
+        "parameters_frozen": inv.get("parameters_frozen", 0) + inv.get("buffers", 0),
+        "parameters_quantized": inv.get("parameters_quantized", 0),
+        "gradients": gradients,
+        "optimizer_state": inv.get("optimizer_state", 0),
+        "activations": int(tl[_T["ACTIVATION"]] + tl[_T["AUTOGRAD_DETAIL"]]) + pool["INPUT"],
+        "temporaries": int(tl[_T["TEMPORARY"]]) + pool["GRADIENT"] + framework,
+        "allocator_overhead": 0,
+        "unattributed": pool["UNKNOWN"] + pool["PARAMETER"] + pool["OPTIMIZER_STATE"] - missing,
+    }
+
+
+def analyze_memory(manifest: dict, timeline: Timeline, windows: dict[str, tuple[float, float]]) -> MemoryResult:
+    inv = inventory_totals(manifest)
+    peaks = manifest.get("peaks", {})
+    cuda = "cuda_max_reserved" in peaks
+    notes: list[str] = []
+    rows, measured = [], []
+
+    instants = {"peak": timeline.peak_index()}
+    for phase, (start, end) in windows.items():
+        instants[phase] = timeline.peak_index(start, end)
+
+    for phase, i in instants.items():
+        if i is None:
+            notes.append(f"phase {phase}: no memory events inside its window")
+            continue
+        cats = _reconcile(timeline.live[i], inv)
+        if cuda and phase == "peak":
+            # The allocator's own counters are the measurement; the timeline only splits it.
+            allocated, reserved = peaks["cuda_max_allocated"], peaks["cuda_max_reserved"]
+            cats["allocator_overhead"] = reserved - allocated
+            cats["unattributed"] += allocated - int(timeline.total[i])
+            measured_peak, source = reserved, "cuda max_memory_reserved (memory cycle)"
+        else:
+            measured_peak = int(timeline.total[i])
+            source = "profiler memory timeline" + (" (allocated; reserved is recorded for the run peak only)" if cuda else "")
+        rows += [{"category": c, "phase": phase, "bytes": int(b)} for c, b in cats.items()]
+        measured.append({"phase": phase, "measured_peak_bytes": int(measured_peak), "source": source})
+        if cats["unattributed"] < 0 and phase == "peak":
+            notes.append(
+                f"the inventory holds {-cats['unattributed']:,} bytes more than the profiler saw live at the peak "
+                "(tensors it never saw used); the inventory wins, so unattributed is negative")
+    if not cuda:
+        notes.append("CPU run: no allocator counters, so allocator_overhead is 0 and the measured peak is the "
+                     "profiler's timeline; process RSS peak "
+                     f"{peaks.get('process_rss_peak', 0):,} bytes includes code and libraries")
+    return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes)

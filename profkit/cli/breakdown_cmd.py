@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from profkit.analyze import Breakdown, breakdown as analyse
+from profkit.analyze.categories import TIME_CATEGORIES
+from profkit.cli.common import fail_usage
+from profkit.report import tables
+from profkit.report.units import human_bytes, human_seconds
+
+EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed (each is named, the others "
+          "are still shown); 2 bad arguments.")
+RUNS_PER_TABLE = 8
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"
+
+
+def breakdown(
+    paths: list[Path] = typer.Argument(..., help="Run directories, directories of runs (traces/), or Kineto trace files."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    baseline: Optional[str] = typer.Option(None, help="Run to compare against (default: full if present, else the first)."),
+    phase: str = typer.Option("peak", help="Memory at the peak of: peak (the run), forward, backward, optimizer."),
+    explain: Optional[str] = typer.Option(None, help="List the top op/kernel names in a time category (e.g. other)."),
+) -> None:
+    """Decompose memory by owner and time by operator category, side by side across runs."""
+    if explain is not None and explain not in TIME_CATEGORIES:
+        fail_usage(f"unknown time category {explain!r}; valid: {', '.join(TIME_CATEGORIES)}")
+    bd = analyse(paths)
+    if baseline is not None and baseline not in set(bd.runs.get("run", [])):
+        fail_usage(f"--baseline {baseline!r} is not among the runs: {', '.join(bd.runs.get('run', []))}")
+    out = Console()
+    err = Console(stderr=True)
+    if fmt is Format.json:
+        typer.echo(tables.to_json(bd))
+    elif fmt is Format.csv:
+        typer.echo(tables.to_csv(bd), nl=False)
+    elif fmt is Format.markdown:
+        typer.echo(tables.to_markdown(bd, baseline))
+    else:
+        _print_tables(out, bd, baseline, phase)
+    if explain:
+        _print_explain(out, bd, explain)
+    for problem in bd.problems:
+        err.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {problem}",
+                  highlight=False)
+    if bd.failed:
+        raise typer.Exit(1)
+
+
+def _chunks(items: list[str]) -> list[list[str]]:
+    return [items[i:i + RUNS_PER_TABLE] for i in range(0, len(items), RUNS_PER_TABLE)] or [[]]
+
+
+def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:
+    if bd.runs.empty:
+        return
+    runs = Table(title="Runs")
+    for col in ("run", "status", "step (clean)", "tokens/s", "step (profiled)", "measured peak", "time coverage"):
+        runs.add_column(col, justify="left" if col in ("run", "status") else "right")
+    for _, r in bd.runs.iterrows():
+        cov = r.get("coverage_gpu") if pd.notna(r.get("coverage_gpu")) else r.get("coverage_cpu")
+        runs.add_row(str(r["run"]), str(r.get("status")) + (f" ({r['reason']})" if isinstance(r.get("reason"), str) else ""),
+                     human_seconds(r.get("clean_step_time_s")),
+                     f"{r['tokens_per_s']:,.0f}" if pd.notna(r.get("tokens_per_s")) else "-",
+                     human_seconds(r.get("profiled_step_time_s")), human_bytes(r.get("measured_peak_bytes")),
+                     f"{cov:.1%}" if pd.notna(cov) else "-")
+    out.print(runs)
+
+    mem = tables.memory_at(bd, phase)
+    measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
+    for chunk in _chunks([r for r in bd.runs.run if r in mem.index]):
+        t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
+        t.add_column("category")
+        for run in chunk:
+            t.add_column(run, justify="right")
+        for cat in mem.columns:
+            t.add_row(cat, *[human_bytes(mem.loc[run, cat]) for run in chunk])
+        t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
+        out.print(t)
+
+    tim = tables.time_per_step(bd)
+    for chunk in _chunks([r for r in bd.runs.run if r in tim.index]):
+        t = Table(title="Time per profiled step")
+        t.add_column("category")
+        for run in chunk:
+            t.add_column(f"{run} ({tables.primary_resource(bd, run)})", justify="right")
+        for cat in tim.columns:
+            t.add_row(cat, *[human_seconds(tim.loc[run, cat]) for run in chunk])
+        t.add_row("[bold]sum[/]", *[human_seconds(tim.loc[run].sum()) for run in chunk])
+        out.print(t)
+
+    baseline = baseline or tables.default_baseline(bd)
+    if baseline:
+        for sentence in tables.delta_sentences(bd, baseline):
+            out.print(sentence, highlight=False)
+    for run, notes in bd.notes.items():
+        for note in notes:
+            out.print(f"[dim]{run}: {note}[/]", highlight=False)
+
+
+def _print_explain(out: Console, bd: Breakdown, category: str) -> None:
+    if bd.time_by_name.empty:
+        return
+    names = bd.time_by_name[bd.time_by_name.category == category]
+    t = Table(title=f"Top names in '{category}'")
+    for col in ("run", "resource", "name", "time/step"):
+        t.add_column(col)
+    for run, g in names.groupby("run", sort=False):
+        for _, r in g.head(10).iterrows():
+            t.add_row(run, r.resource, r["name"][:100], human_seconds(r.seconds))
+    out.print(t)

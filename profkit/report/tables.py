@@ -1,0 +1,157 @@
+"""Tables across runs built from a ``Breakdown``: the comparison (one row per run), deltas against a
+baseline, and the JSON / CSV / Markdown renderings. Pure pandas; no printing."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from profkit.analyze import Breakdown
+from profkit.analyze.categories import TIME_CATEGORIES
+from profkit.analyze.memory import MEMORY_CATEGORIES
+
+
+def primary_resource(bd: Breakdown, run: str) -> str:
+    """GPU runs are judged by GPU time (kernels + idle); CPU-only runs by host time."""
+    r = bd.time[bd.time.run == run]
+    return "gpu" if (r.resource == "gpu").any() else "cpu"
+
+
+def memory_at(bd: Breakdown, phase: str = "peak") -> pd.DataFrame:
+    """Rows: runs; columns: memory categories (bytes) at the given phase's peak."""
+    m = bd.memory[bd.memory.phase == phase]
+    return m.pivot_table(index="run", columns="category", values="bytes", aggfunc="sum") \
+        .reindex(columns=list(MEMORY_CATEGORIES))
+
+
+def time_per_step(bd: Breakdown, resource: str | None = None) -> pd.DataFrame:
+    """Rows: runs; columns: time categories (seconds per profiled step), summed over phases."""
+    frames = []
+    for run in bd.time.run.unique():
+        res = resource or primary_resource(bd, run)
+        t = bd.time[(bd.time.run == run) & (bd.time.resource == res)]
+        frames.append(t.groupby("category").seconds.sum().rename(run))
+    if not frames:
+        return pd.DataFrame(columns=list(TIME_CATEGORIES))
+    out = pd.concat(frames, axis=1).T.reindex(columns=list(TIME_CATEGORIES))
+    return out.loc[:, out.notna().any()]
+
+
+def comparison(bd: Breakdown) -> pd.DataFrame:
+    """One row per run (failed and unsupported runs included, with their status)."""
+    if bd.runs.empty:
+        return pd.DataFrame()
+    base = bd.runs.set_index("run")
+    mem = memory_at(bd).add_prefix("memory.")
+    tim = time_per_step(bd).add_prefix("time.")
+    return base.join(mem, how="left").join(tim, how="left").reset_index()
+
+
+def default_baseline(bd: Breakdown) -> str | None:
+    ok = bd.runs[bd.runs.status.isin(["ok", "foreign"])] if not bd.runs.empty else bd.runs
+    if ok.empty:
+        return None
+    return "full" if (ok.run == "full").any() else str(ok.run.iloc[0])
+
+
+def deltas(bd: Breakdown, baseline: str) -> pd.DataFrame:
+    """Long table: run, baseline, kind (memory/time), category, delta (bytes or seconds per step)."""
+    rows = []
+    mem, tim = memory_at(bd), time_per_step(bd)
+    for kind, table in (("memory", mem), ("time", tim)):
+        if baseline not in table.index:
+            continue
+        ref = table.loc[baseline].fillna(0)
+        for run in table.index:
+            if run == baseline:
+                continue
+            diff = table.loc[run].fillna(0) - ref
+            rows += [{"run": run, "baseline": baseline, "kind": kind, "category": c, "delta": float(d)}
+                     for c, d in diff.items() if d != 0]
+    return pd.DataFrame(rows, columns=["run", "baseline", "kind", "category", "delta"])
+
+
+def _clean(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def to_records(bd: Breakdown) -> list[dict]:
+    """The JSON form: one object per run with ``memory`` (bytes) and ``time`` (seconds per step) maps."""
+    mem, out = memory_at(bd), []
+    for _, r in bd.runs.iterrows():
+        run = r["run"]
+        rec = {"run": run, "method": r.get("method"), "status": r.get("status"), "reason": _clean(r.get("reason")),
+               "clean_step_time": _clean(r.get("clean_step_time_s")), "tokens_per_s": _clean(r.get("tokens_per_s")),
+               "memory": None, "time": None, "notes": bd.notes.get(run, [])}
+        if run in mem.index:
+            rec["memory"] = {c: _clean(v) for c, v in mem.loc[run].items()}
+            rec["memory"]["measured_peak"] = _clean(r.get("measured_peak_bytes"))
+            rec["memory_by_phase"] = {
+                phase: dict(zip(g.category, g.bytes.astype(int).tolist()))
+                for phase, g in bd.memory[bd.memory.run == run].groupby("phase")}
+        t = bd.time[bd.time.run == run]
+        if len(t):
+            res = primary_resource(bd, run)
+            rec["time_resource"] = res
+            rec["time"] = t[t.resource == res].groupby("category").seconds.sum().to_dict()
+            rec["time"]["step_time"] = _clean(r.get("gpu_step_time_s") if res == "gpu" else r.get("profiled_step_time_s"))
+            rec["time_by_phase"] = {phase: g.groupby("category").seconds.sum().to_dict()
+                                    for phase, g in t[t.resource == res].groupby("phase")}
+            if res == "gpu":
+                rec["time_cpu"] = t[t.resource == "cpu"].groupby("category").seconds.sum().to_dict()
+                rec["time_cpu"]["step_time"] = _clean(r.get("profiled_step_time_s"))
+        out.append(rec)
+    return out
+
+
+def to_json(bd: Breakdown) -> str:
+    return json.dumps(to_records(bd), indent=2, default=_clean)
+
+
+def to_csv(bd: Breakdown) -> str:
+    return comparison(bd).to_csv(index=False)
+
+
+def to_markdown(bd: Breakdown, baseline: str | None = None) -> str:
+    from profkit.report.units import mib, ms
+
+    parts = []
+    runs = bd.runs.copy()
+    if not runs.empty:
+        cols = [c for c in ("run", "method", "status", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s",
+                            "measured_peak_bytes", "coverage_cpu", "reason") if c in runs]
+        parts.append("## Runs\n\n" + runs[cols].to_markdown(index=False))
+    mem = memory_at(bd)
+    if not mem.empty:
+        parts.append("## Memory at the peak (MiB)\n\n" + mem.map(mib).T.to_markdown())
+    tim = time_per_step(bd)
+    if not tim.empty:
+        parts.append("## Time per profiled step (ms)\n\n" + tim.map(ms).T.to_markdown())
+    baseline = baseline or default_baseline(bd)
+    if baseline:
+        lines = [f"- {s}" for s in delta_sentences(bd, baseline)]
+        if lines:
+            parts.append(f"## Against {baseline}\n\n" + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"
+
+
+def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
+    from profkit.report.units import signed_bytes, signed_ms
+
+    d = deltas(bd, baseline)
+    out = []
+    for run, g in d.groupby("run", sort=False):
+        pieces = []
+        for kind, fmt in (("memory", signed_bytes), ("time", signed_ms)):
+            k = g[g.kind == kind]
+            k = k.reindex(k.delta.abs().sort_values(ascending=False).index).head(top)
+            pieces += [f"{c} {fmt(v)}" for c, v in zip(k.category, k.delta)]
+        if pieces:
+            out.append(f"{run} vs {baseline}: " + ", ".join(pieces))
+    return out
