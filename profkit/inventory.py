@@ -39,16 +39,23 @@ class _Tally:
         self.rows: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
 
     def add(self, owner: str, detail: str, t: torch.Tensor, numel: int | None = None) -> bool:
+        """Count ``t``: its elements always, its storage's bytes only the first time that storage is seen
+        (ZeRO-2's parameters and gradients are views into one flat buffer). Returns True for new storage."""
+        if t.device.type == "meta":
+            return False  # shape-only tensors hold no memory
         storage = t.untyped_storage()
         key = (str(t.device), storage.data_ptr())
+        row = self.rows[(owner, detail, str(t.dtype).removeprefix("torch."), t.device.type)]
+        row[1] += 1
+        row[2] += t.numel() if numel is None else numel
         if storage.nbytes() == 0 or key in self.seen:
             return False
         self.seen.add(key)
-        row = self.rows[(owner, detail, str(t.dtype).removeprefix("torch."), t.device.type)]
         row[0] += storage.nbytes()
-        row[1] += 1
-        row[2] += t.numel() if numel is None else numel
         return True
+
+    def key(self, t: torch.Tensor) -> tuple[str, int]:
+        return str(t.device), t.untyped_storage().data_ptr()
 
     def as_rows(self) -> list[dict]:
         return [{"owner": o, "detail": d, "dtype": dt, "device": dev, "bytes": b, "tensors": n, "numel": ne}
@@ -74,15 +81,15 @@ def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimize
         if _is_quantized(p):
             qs = p.quant_state
             logical = int(torch.Size(qs.shape).numel()) if qs is not None else p.numel()
-            if tally.add("parameters_quantized", "nf4 weight", data, numel=logical):
-                counts["quantized_params"] += logical
+            tally.add("parameters_quantized", "nf4 weight", data, numel=logical)
+            counts["quantized_params"] += logical
             for qname, qt in _quant_state_tensors(qs):
                 tally.add("parameters_quantized", f"quant_state.{qname}", qt)
-        elif p.requires_grad:
-            if tally.add("parameters_trainable", "", data, numel=getattr(p, "ds_numel", p.numel())):
-                counts["trainable_params"] += getattr(p, "ds_numel", p.numel())
-        elif tally.add("parameters_frozen", "", data, numel=getattr(p, "ds_numel", p.numel())):
-            counts["frozen_params"] += getattr(p, "ds_numel", p.numel())
+        else:
+            owner = "parameters_trainable" if p.requires_grad else "parameters_frozen"
+            numel = getattr(p, "ds_numel", p.numel())
+            tally.add(owner, "", data, numel=numel)
+            counts["trainable_params" if p.requires_grad else "frozen_params"] += numel
     for _, b in model.named_buffers():
         tally.add("buffers", "", b)
     for _, p in model.named_parameters():
@@ -96,7 +103,8 @@ def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimize
                 if isinstance(value, torch.Tensor):
                     tally.add("optimizer_state", key, value)
     if optimizer is not None and optimizer is not inner:
-        _walk_framework(tally, optimizer, type(optimizer).__name__, depth=0)
+        # Skip what the model and the inner optimizer own (DeepSpeed also lists views of them).
+        _walk_framework(tally, optimizer, type(optimizer).__name__, 0, frozenset(tally.seen))
     return {"rows": tally.as_rows(), **counts}
 
 
@@ -109,23 +117,24 @@ def _framework_owner(path: str) -> str:
     return "framework"
 
 
-def _walk_framework(tally: _Tally, obj: Any, path: str, depth: int) -> None:
+def _walk_framework(tally: _Tally, obj: Any, path: str, depth: int, owned: frozenset) -> None:
     """Tensors that a DeepSpeed optimizer holds beyond the model and the inner optimizer's state."""
     if depth > 4:
         return
     if isinstance(obj, torch.Tensor):
-        tally.add(_framework_owner(path), f"deepspeed:{path}", obj)
+        if tally.key(obj) not in owned:
+            tally.add(_framework_owner(path), f"deepspeed:{path}", obj)
     elif isinstance(obj, dict):
         for k, v in list(obj.items())[:10_000]:
-            _walk_framework(tally, v, f"{path}[{k}]" if not isinstance(k, torch.Tensor) else path, depth + 1)
+            _walk_framework(tally, v, f"{path}[{k}]" if not isinstance(k, torch.Tensor) else path, depth + 1, owned)
     elif isinstance(obj, (list, tuple)):
         for v in obj[:10_000]:
-            _walk_framework(tally, v, path, depth + 1)
+            _walk_framework(tally, v, path, depth + 1, owned)
     elif type(obj).__module__.startswith("deepspeed") and hasattr(obj, "__dict__") and not isinstance(obj, torch.nn.Module):
         for k, v in vars(obj).items():
             if k in ("optimizer", "module", "param_names", "_global_grad_norm"):
                 continue
-            _walk_framework(tally, v, k if depth == 0 else f"{path}.{k}", depth + 1)
+            _walk_framework(tally, v, k if depth == 0 else f"{path}.{k}", depth + 1, owned)
 
 
 def totals_by_owner(inventory: dict) -> dict[str, int]:

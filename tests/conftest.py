@@ -1,0 +1,35 @@
+"""Shared fixtures: the whole method matrix recorded once per session on the ``micro`` preset, on CPU,
+through the real CLI (each method in its own subprocess), exactly as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).parent / "data"
+GPU_TRACES = DATA / "gpu-traces"
+# Few steps: the tests check what was written, not how fast.
+FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "2", "--profiled-steps", "1"]
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "profkit", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    """Model checkpoints materialized for presets go to a per-session cache."""
+    os.environ["PROFKIT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture(scope="session")
+def matrix(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("matrix") / "traces"
+    result = run_cli("record", "--all", *FAST, "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out

@@ -1,0 +1,106 @@
+"""End to end: ``profkit record --all`` on the micro preset, then check what every run wrote."""
+
+import gzip
+import json
+
+import pytest
+from torch_tb_profiler.consts import WORKER_PATTERN
+
+from profkit.analyze.trace import load_trace
+from profkit.methods import METHODS
+from profkit.presets import get_preset
+from tests.conftest import FAST, run_cli
+
+MICRO = get_preset("micro").config
+
+
+def lora_param_count(cfg: dict, r: int = 8) -> int:
+    """Analytic LoRA count on q/k/v/o: r * (in + out) per adapted projection per layer."""
+    h = cfg["hidden_size"]
+    head = h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head, cfg["num_key_value_heads"] * head
+    return cfg["num_hidden_layers"] * r * ((h + q) + (h + kv) + (h + kv) + (q + h))
+
+
+def model_param_count(cfg: dict) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg))
+    return sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+
+
+def owner_bytes(manifest, owner, detail=None):
+    return sum(r["bytes"] for r in manifest["inventory"]["rows"]
+               if r["owner"] == owner and (detail is None or r["detail"] == detail))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_method_records(matrix, name):
+    run = matrix / name
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "ok", manifest.get("reason")
+    for key in ("method", "settings", "run_settings", "versions", "device", "timings", "peaks", "inventory",
+                "started_at", "finished_at", "git_commit", "model"):
+        assert key in manifest, key
+    assert manifest["method"] == name and manifest["settings"] == METHODS[name].settings()
+    assert manifest["run_settings"]["batch_size"] == get_preset("micro").batch_size
+    assert manifest["timings"]["step_time_s"] > 0 and manifest["timings"]["tokens_per_s"] > 0
+    assert manifest["phases_done"] == ["warmup", "timed", "time_profile", "memory_profile"]
+    # Both cycles wrote Kineto traces that parse, carry a rank for HTA and ProfilerStep markers.
+    for trace_file in ("time.pt.trace.json.gz", "memory.pt.trace.json.gz"):
+        trace = load_trace(run / trace_file)
+        assert "rank" in trace.metadata["distributedInfo"]
+        assert trace.metadata["profkit"]["method"] == name
+        assert trace.step_windows(), "no ProfilerStep markers"
+        assert WORKER_PATTERN.match(trace_file), "TensorBoard's profiler plugin would not list this trace"
+    memory = json.load(gzip.open(run / "memory.pt.trace.json.gz"))
+    assert any(e.get("name") == "[memory]" for e in memory["traceEvents"]), "no memory events in the memory cycle"
+    assert json.load(gzip.open(run / "memory_timeline.raw.json.gz"))
+    assert not list(matrix.glob(f".{name}.partial-*")), "partial directory left behind"
+
+
+@pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.kind == "train" and not m.zero_stage])
+def test_inventory_is_exact(matrix, name):
+    manifest = json.loads((matrix / name / "manifest.json").read_text())
+    method = METHODS[name]
+    expected = model_param_count(MICRO) if method.adapter == "none" else lora_param_count(MICRO, method.lora_r)
+    assert manifest["inventory"]["trainable_params"] == expected
+    assert owner_bytes(manifest, "parameters_trainable") == 4 * expected  # fp32 on CPU
+    assert owner_bytes(manifest, "gradients") == 4 * expected
+    # AdamW: two fp32 moments per trainable parameter, plus one scalar step per parameter tensor.
+    assert owner_bytes(manifest, "optimizer_state", "exp_avg") == 4 * expected
+    assert owner_bytes(manifest, "optimizer_state", "exp_avg_sq") == 4 * expected
+    n_tensors = next(r["tensors"] for r in manifest["inventory"]["rows"] if r["owner"] == "parameters_trainable")
+    assert owner_bytes(manifest, "optimizer_state", "step") == 4 * n_tensors
+    if method.quantization:
+        assert manifest["inventory"]["quantized_params"] > 0
+        assert owner_bytes(manifest, "parameters_quantized", "nf4 weight") * 2 == manifest["inventory"]["quantized_params"]
+
+
+@pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.zero_stage])
+def test_zero_inventory_names_deepspeed_buffers(matrix, name):
+    manifest = json.loads((matrix / name / "manifest.json").read_text())
+    trainable = lora_param_count(MICRO)
+    assert manifest["inventory"]["trainable_params"] == trainable
+    details = {r["detail"] for r in manifest["inventory"]["rows"]}
+    assert any(d.startswith("deepspeed:") for d in details), details
+    # ZeRO keeps an fp32 master copy besides AdamW's two moments, even on one process.
+    assert owner_bytes(manifest, "optimizer_state") >= 3 * 4 * trainable
+
+
+def test_tokens_and_loss_are_sane(matrix):
+    lora = json.loads((matrix / "lora" / "manifest.json").read_text())
+    assert lora["timings"]["tokens_per_step"] == get_preset("micro").batch_size * get_preset("micro").seq_len
+    assert all(0 < loss < 20 for loss in lora["timings"]["losses"])
+
+
+def test_unknown_method_exits_2_listing_valid_names(tmp_path):
+    result = run_cli("record", "lroa", "-o", str(tmp_path))
+    assert result.returncode == 2
+    assert "lroa" in result.stderr and "qlora_zero3_gc" in result.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_methods_command_lists_every_method():
+    result = run_cli("methods", "--json")
+    assert result.returncode == 0
+    assert [m["name"] for m in json.loads(result.stdout)] == list(METHODS)

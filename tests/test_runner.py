@@ -1,0 +1,121 @@
+"""Runs that do not complete: unsupported, interrupted, killed. None may look complete, and none may
+replace a complete run."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from profkit import store
+from tests.conftest import FAST, run_cli
+
+LONG = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "100000"]
+
+
+def start_record(out: Path, *args: str) -> subprocess.Popen:
+    # A session of its own, like a terminal: Ctrl-C reaches the CLI and its worker together.
+    return subprocess.Popen([sys.executable, "-m", "profkit", "record", *args, "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_worker_steps(out: Path, proc: subprocess.Popen, timeout: float = 120) -> psutil.Process:
+    """Wait until the worker is in its timed steps (the model is built and stepping)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        children = psutil.Process(proc.pid).children()
+        partial = list(out.glob(".lora.partial-*"))
+        if children and partial and (partial[0] / store.LOG).exists() and "profiler" not in (partial[0] / store.LOG).read_text():
+            time.sleep(8)  # imports, model build, warm-up; the timed phase runs 100000 steps
+            return children[0]
+        time.sleep(0.5)
+    raise AssertionError("worker never started")
+
+
+def test_cuda_requested_without_gpu_is_unsupported(tmp_path):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU, so --device cuda is supported here")
+    result = run_cli("record", "lora", "qlora", *FAST[:2], "--device", "cuda", "-o", str(tmp_path))
+    assert result.returncode == 3, result.stderr
+    for name in ("lora", "qlora"):
+        manifest = json.loads((tmp_path / name / "manifest.json").read_text())
+        assert manifest["status"] == "unsupported"
+        assert "CUDA" in manifest["reason"]
+        assert "timings" not in manifest or not manifest["timings"]
+
+
+def test_int4_inference_on_layer_sizes_the_cpu_kernel_cannot_pack(tmp_path):
+    """bitsandbytes' CPU 4-bit inference kernel (used on CPUs with AVX512-BF16) packs 32 output
+    features at a time; a model with an MLP width of 176 cannot run there. Also exercises --model."""
+    import bitsandbytes as bnb
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from profkit.presets import get_preset
+    from profkit.settings import RunSettings
+    from profkit.workload import tokenizer_for
+
+    ckpt = tmp_path / "odd-model"
+    cfg = {**get_preset("micro").config, "intermediate_size": 176}
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)).save_pretrained(ckpt)
+    tokenizer_for(RunSettings(method="")).save_pretrained(ckpt)
+    result = run_cli("record", "infer_int4", "--model", str(ckpt), *FAST[2:], "-o", str(tmp_path / "traces"))
+    manifest = json.loads((tmp_path / "traces" / "infer_int4" / "manifest.json").read_text())
+    assert manifest["model"]["path"] == str(ckpt.resolve()) if "model" in manifest else True
+    cpu_kernel = bnb.nn.Linear4bit(64, 176, quant_type="nf4").support_avx512bf16_for_cpu
+    if cpu_kernel and not torch.cuda.is_available():
+        assert result.returncode == 3, result.stderr
+        assert manifest["status"] == "unsupported"
+        assert "multiple of 32" in manifest["reason"] and "176" in manifest["reason"]
+    else:
+        assert result.returncode == 0, result.stderr
+        assert manifest["status"] == "ok"
+
+
+def test_interrupt_marks_run_interrupted(tmp_path):
+    out = tmp_path / "traces"
+    proc = start_record(out, "lora", *LONG)
+    wait_for_worker_steps(out, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    manifest = json.loads((out / "lora" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert "memory_profile" not in manifest.get("phases_done", [])
+    assert not store.is_complete(out / "lora")
+    assert not list(out.glob(".lora.partial-*"))
+
+
+def test_interrupt_never_replaces_a_complete_run(tmp_path, matrix):
+    out = tmp_path / "traces"
+    shutil.copytree(matrix / "lora", out / "lora")
+    before = (out / "lora" / "manifest.json").read_text()
+    proc = start_record(out, "lora", *LONG)
+    wait_for_worker_steps(out, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert (out / "lora" / "manifest.json").read_text() == before  # the complete run is untouched
+    attempts = list((out / store.ATTEMPTS_DIR).iterdir())
+    assert len(attempts) == 1 and attempts[0].name.endswith("-interrupted")
+    assert json.loads((attempts[0] / "manifest.json").read_text())["status"] == "interrupted"
+
+
+def test_killed_worker_is_recorded_as_failed(tmp_path):
+    out = tmp_path / "traces"
+    proc = start_record(out, "lora", *LONG)
+    worker = wait_for_worker_steps(out, proc)
+    worker.kill()  # what the kernel's out-of-memory killer does
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    manifest = json.loads((out / "lora" / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "SIGKILL" in manifest["reason"]
+    assert not store.is_complete(out / "lora")

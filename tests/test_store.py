@@ -1,0 +1,32 @@
+import json
+
+from profkit import store
+
+
+def make_partial(root, run, status):
+    partial = store.new_partial(root, run)
+    partial.write_manifest({"run": run, "status": status})
+    return partial
+
+
+def test_complete_run_replaces_previous(tmp_path):
+    store.commit(make_partial(tmp_path, "lora", "ok"), tmp_path, "lora")
+    (tmp_path / "lora" / "old-file").write_text("x")
+    store.commit(make_partial(tmp_path, "lora", "ok"), tmp_path, "lora")
+    assert not (tmp_path / "lora" / "old-file").exists()
+    assert [r.path.name for r in store.find_runs(tmp_path)] == ["lora"]
+
+
+def test_failed_run_takes_empty_place_but_never_replaces_a_complete_one(tmp_path):
+    store.commit(make_partial(tmp_path, "full", "oom"), tmp_path, "full")
+    assert json.loads((tmp_path / "full" / "manifest.json").read_text())["status"] == "oom"
+    store.commit(make_partial(tmp_path, "full", "ok"), tmp_path, "full")
+    kept = store.commit(make_partial(tmp_path, "full", "failed"), tmp_path, "full")
+    assert store.is_complete(tmp_path / "full")
+    assert kept.path.parent.name == store.ATTEMPTS_DIR
+
+
+def test_partial_directories_are_not_runs(tmp_path):
+    partial = make_partial(tmp_path, "lora", "ok")
+    assert store.find_runs(tmp_path) == []
+    assert not store.is_run_dir(partial.path)
