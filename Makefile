@@ -1,0 +1,32 @@
+# Quick start: `make record` (set up, record the method matrix on the embedded default, print the
+# breakdown) and `make test` (set up, run the test suite). Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# This pin takes the local CPU wheel on the project's CPU machines; on a machine with an NVIDIA GPU the
+# same pin installs PyPI's CUDA build. Override for another build: make TORCH="torch==2.13.0+cu128 ..."
+TORCH ?= torch==2.13.0
+RECORD_ARGS ?= --all
+
+.PHONY: setup record test clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/pip install --quiet "$(TORCH)"
+	# DeepSpeed ships as source and imports torch while building: build it against the torch above.
+	$(BIN)/pip install --quiet --no-build-isolation "deepspeed>=0.19.8,<0.20"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+record: setup
+	$(BIN)/profkit record $(RECORD_ARGS)
+	$(BIN)/profkit breakdown traces/
+
+test: setup
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) traces
