@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import zlib
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,13 +67,16 @@ class Trace:
         return int(self.metadata.get("baseTimeNanoseconds", 0))
 
 
+def _open_text(path: Path):
+    with path.open("rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rt", encoding="utf-8") if gz else path.open("r", encoding="utf-8")
+
+
 def read_json(path: Path) -> object:
-    """Parse a .json or .json.gz file; any failure becomes a TraceError naming the file."""
+    """Parse a small .json or .json.gz file whole; any failure becomes a TraceError naming the file."""
     try:
-        with path.open("rb") as fh:
-            head = fh.read(2)
-        opener = gzip.open if head == b"\x1f\x8b" else open
-        with opener(path, "rb") as fh:
+        with _open_text(path) as fh:
             return json.load(fh)
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
@@ -81,33 +86,137 @@ def read_json(path: Path) -> object:
         raise TraceError(path, f"not valid JSON, possibly truncated ({exc})") from None
 
 
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+_CHUNK = 1 << 20
+
+
+class _JsonStream:
+    """Decode one JSON value at a time from a file, holding about one chunk of text in memory.
+
+    ``json.load`` of a trace keeps every event as a dict at once (several times the file's size); a
+    trace of hundreds of MB only needs one event at a time. The stdlib's C decoder does the parsing.
+    """
+
+    def __init__(self, fh):
+        self.fh, self.buf, self.pos, self.eof = fh, "", 0, False
+
+    def _fill(self) -> bool:
+        chunk = self.fh.read(_CHUNK)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf = self.buf[self.pos:] + chunk
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        while True:
+            self.pos = _WHITESPACE.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or not self._fill():
+                return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def expect(self, char: str) -> None:
+        got = self.peek()
+        if got != char:
+            raise ValueError(f"expected {char!r} but found {got or 'end of file'!r} at offset {self.pos}")
+        self.pos += 1
+
+    def value(self):
+        self.peek()
+        while True:
+            try:
+                obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError:
+                if self._fill():
+                    continue  # the value ran past the chunk: read on and try again
+                raise
+            if end == len(self.buf) and self._fill():
+                continue  # a number at the chunk's end may continue in the next chunk
+            self.pos = end
+            return obj
+
+
+def _stream_trace(fh, on_event) -> dict:
+    """Walk the top-level object: metadata keys are returned, each traceEvents item goes to on_event."""
+    s = _JsonStream(fh)
+    s.expect("{")
+    metadata: dict = {}
+    saw_events = False
+    if s.peek() == "}":
+        return metadata
+    while True:
+        key = s.value()
+        s.expect(":")
+        if key == "traceEvents":
+            saw_events = True
+            s.expect("[")
+            if s.peek() == "]":
+                s.pos += 1
+            else:
+                while True:
+                    on_event(s.value())
+                    if s.peek() == ",":
+                        s.pos += 1
+                    else:
+                        s.expect("]")
+                        break
+        else:
+            metadata[key] = s.value()
+        if s.peek() == ",":
+            s.pos += 1
+        else:
+            s.expect("}")
+            break
+    if not saw_events:
+        raise KeyError("traceEvents")
+    return metadata
+
+
 def load_trace(path: Path | str) -> Trace:
     path = Path(path)
-    data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise TraceError(path, "not a Chrome/Kineto trace (no 'traceEvents' list)")
-    events = data["traceEvents"]
-    cats, names, pids, tids, tss, durs, seqs, corrs = [], [], [], [], [], [], [], []
-    for e in events:
+    cats, names, pids, tids = [], [], [], []
+    tss, durs, seqs, corrs = array("d"), array("d"), array("q"), array("q")
+    intern: dict = {}  # names and categories repeat: keep one string object of each
+
+    def on_event(e) -> None:
         if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        args = e.get("args") or {}
+            return
         try:
             ts = float(e["ts"])
             dur = float(e.get("dur", 0.0))
         except (KeyError, TypeError, ValueError):
-            continue
-        cats.append(e.get("cat", ""))
-        names.append(e.get("name", ""))
-        pids.append(str(e.get("pid", "")))
-        tids.append(str(e.get("tid", "")))
+            return
+        args = e.get("args") or {}
+        name, cat = e.get("name", ""), e.get("cat", "")
+        cats.append(intern.setdefault(cat, cat))
+        names.append(intern.setdefault(name, name))
+        pid, tid = str(e.get("pid", "")), str(e.get("tid", ""))
+        pids.append(intern.setdefault(pid, pid))
+        tids.append(intern.setdefault(tid, tid))
         tss.append(ts)
         durs.append(dur)
-        seqs.append(args.get("Sequence number", -1))
-        corrs.append(args.get("correlation", -1))
+        seqs.append(int(args.get("Sequence number", -1)))
+        corrs.append(int(args.get("correlation", -1)))
+
+    try:
+        with _open_text(path) as fh:
+            if _JsonStream(fh).peek() != "{":
+                raise TraceError(path, "not a Chrome/Kineto trace (the file is not a JSON object)")
+            fh.seek(0)
+            metadata = _stream_trace(fh, on_event)
+    except TraceError:
+        raise
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise TraceError(path, f"unreadable or truncated gzip ({exc})") from None
+    except KeyError:
+        raise TraceError(path, "not a Chrome/Kineto trace (no 'traceEvents' list)") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TraceError(path, f"not valid JSON, possibly truncated ({exc})") from None
     if not cats:
         raise TraceError(path, "the trace has no complete ('X') events")
-    metadata = {k: v for k, v in data.items() if k != "traceEvents"}
     return Trace(path, metadata, np.array(cats, dtype=object), np.array(names, dtype=object),
-                 np.array(pids, dtype=object), np.array(tids, dtype=object), np.array(tss), np.array(durs),
-                 np.array(seqs, dtype=np.int64), np.array(corrs, dtype=np.int64))
+                 np.array(pids, dtype=object), np.array(tids, dtype=object), np.frombuffer(tss),
+                 np.frombuffer(durs), np.frombuffer(seqs, dtype=np.int64), np.frombuffer(corrs, dtype=np.int64))
