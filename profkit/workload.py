@@ -146,6 +146,7 @@ def build_model(method: Method, settings: RunSettings, device: str):
     _label_norms(model)
     if method.kind == "infer":
         model.eval()
+        model.requires_grad_(False)  # serving holds no trainable weights
         _check_cpu_4bit_inference(model, device)
         return model
 

@@ -56,6 +56,11 @@ class Breakdown:
     def failed(self) -> bool:
         return any(p.fatal for p in self.problems)
 
+    def common_notes(self) -> list[str]:
+        """Notes that every run carries, to be said once."""
+        lists = [set(n) for n in self.notes.values()]
+        return sorted(set.intersection(*lists)) if len(lists) > 1 else []
+
 
 def discover(paths: list[Path]) -> tuple[list[Source], list[Problem]]:
     sources: list[Source] = []

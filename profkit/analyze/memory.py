@@ -171,7 +171,6 @@ def analyze_memory(manifest: dict, timeline: Timeline, windows: dict[str, tuple[
                 f"the inventory holds {-cats['unattributed']:,} bytes more than the profiler saw live at the peak "
                 "(tensors it never saw used); the inventory wins, so unattributed is negative")
     if not cuda:
-        notes.append("CPU run: no allocator counters, so allocator_overhead is 0 and the measured peak is the "
-                     "profiler's timeline; process RSS peak "
-                     f"{peaks.get('process_rss_peak', 0):,} bytes includes code and libraries")
+        notes.append("CPU runs have no allocator counters: allocator_overhead is 0 and the measured peak is the "
+                     "profiler's memory timeline (process RSS, which includes code and libraries, is in the manifest)")
     return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes)

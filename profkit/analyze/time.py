@@ -125,8 +125,9 @@ def analyze_time(trace: Trace) -> TimeResult:
 
     counted = host[(threads[host] == main) & in_steps(ts[host])]
     other_threads = host[(threads[host] != main) & in_steps(ts[host])]
-    if len(other_threads):
-        busy = float(self_time[other_threads].clip(min=0).sum()) / n_steps / 1e6
+    step_s = float((ends - starts).mean()) / 1e6
+    busy = float(self_time[other_threads].clip(min=0).sum()) / n_steps / 1e6 if len(other_threads) else 0.0
+    if busy > 0.01 * step_s:
         notes.append(f"{trace.path.name}: {busy * 1e3:.2f} ms/step of op time on other threads is not in the "
                      "host breakdown (it runs concurrently with the profiled thread)")
     # Step annotations themselves: their self time is host time outside any op.
@@ -140,8 +141,7 @@ def analyze_time(trace: Trace) -> TimeResult:
     rows["seconds"] = rows.pop("us") / 1e6 / n_steps
     summary = rows.groupby(["resource", "category", "phase"], as_index=False)["seconds"].sum()
     names = rows.groupby(["resource", "category", "name"], as_index=False)["seconds"].sum()
-    step_time = float((ends - starts).mean()) / 1e6
-    return TimeResult(summary, names.sort_values("seconds", ascending=False, ignore_index=True), step_time,
+    return TimeResult(summary, names.sort_values("seconds", ascending=False, ignore_index=True), step_s,
                       gpu_window_s, n_steps, notes)
 
 

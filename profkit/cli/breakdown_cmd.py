@@ -17,7 +17,8 @@ from profkit.report.units import human_bytes, human_seconds
 
 EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed (each is named, the others "
           "are still shown); 2 bad arguments.")
-RUNS_PER_TABLE = 8
+CATEGORY_WIDTH = 21
+RUN_COLUMN_WIDTH = 12
 
 
 class Format(str, Enum):
@@ -59,8 +60,10 @@ def breakdown(
         raise typer.Exit(1)
 
 
-def _chunks(items: list[str]) -> list[list[str]]:
-    return [items[i:i + RUNS_PER_TABLE] for i in range(0, len(items), RUNS_PER_TABLE)] or [[]]
+def _chunks(items: list[str], width: int) -> list[list[str]]:
+    """Runs per table so that each table fits the terminal."""
+    per = max(2, (width - CATEGORY_WIDTH - 4) // (RUN_COLUMN_WIDTH + 3))
+    return [items[i:i + per] for i in range(0, len(items), per)] or [[]]
 
 
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:
@@ -68,7 +71,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         return
     runs = Table(title="Runs")
     for col in ("run", "status", "step (clean)", "tokens/s", "step (profiled)", "measured peak", "time coverage"):
-        runs.add_column(col, justify="left" if col in ("run", "status") else "right")
+        runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=col != "status")
     for _, r in bd.runs.iterrows():
         cov = r.get("coverage_gpu") if pd.notna(r.get("coverage_gpu")) else r.get("coverage_cpu")
         runs.add_row(str(r["run"]), str(r.get("status")) + (f" ({r['reason']})" if isinstance(r.get("reason"), str) else ""),
@@ -80,22 +83,22 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     mem = tables.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
-    for chunk in _chunks([r for r in bd.runs.run if r in mem.index]):
+    for chunk in _chunks([r for r in bd.runs.run if r in mem.index], out.width):
         t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
-        t.add_column("category")
+        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right")
+            t.add_column(run, justify="right", no_wrap=True, min_width=RUN_COLUMN_WIDTH)
         for cat in mem.columns:
             t.add_row(cat, *[human_bytes(mem.loc[run, cat]) for run in chunk])
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
         out.print(t)
 
     tim = tables.time_per_step(bd)
-    for chunk in _chunks([r for r in bd.runs.run if r in tim.index]):
-        t = Table(title="Time per profiled step")
-        t.add_column("category")
+    for chunk in _chunks([r for r in bd.runs.run if r in tim.index], out.width):
+        t = Table(title="Time per profiled step (CPU runs: op self time; GPU runs: kernel time and idle)")
+        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(f"{run} ({tables.primary_resource(bd, run)})", justify="right")
+            t.add_column(run, justify="right", no_wrap=True, min_width=RUN_COLUMN_WIDTH)
         for cat in tim.columns:
             t.add_row(cat, *[human_seconds(tim.loc[run, cat]) for run in chunk])
         t.add_row("[bold]sum[/]", *[human_seconds(tim.loc[run].sum()) for run in chunk])
@@ -105,9 +108,12 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     if baseline:
         for sentence in tables.delta_sentences(bd, baseline):
             out.print(sentence, highlight=False)
+    for note in bd.common_notes():
+        out.print(f"[dim]note: {note}[/]", highlight=False)
     for run, notes in bd.notes.items():
         for note in notes:
-            out.print(f"[dim]{run}: {note}[/]", highlight=False)
+            if note not in bd.common_notes():
+                out.print(f"[dim]{run}: {note}[/]", highlight=False)
 
 
 def _print_explain(out: Console, bd: Breakdown, category: str) -> None:

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from profkit.report.document import command_line, write_report
+
+
+def report(
+    paths: list[Path] = typer.Argument(..., help="Run directories or directories of runs (traces/)."),
+    output: Path = typer.Option(Path("reports/latest"), "--output", "-o", help="Directory for report.md, report.html and PNGs."),
+) -> None:
+    """Write a Markdown + HTML report with plots comparing the runs."""
+    console = Console(stderr=True)
+    with console.status("analysing runs and drawing plots"):
+        rep = write_report(paths, output, command_line(paths, output))
+    for problem in rep.breakdown.problems:
+        console.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {problem}",
+                      highlight=False)
+    console.print(f"wrote {rep.markdown_path}, {rep.html_path} and {len(rep.images)} plots", highlight=False)
+    if rep.breakdown.failed:
+        raise typer.Exit(1)

@@ -1,0 +1,136 @@
+"""The report: a self-contained Markdown file with PNG plots beside it, and an HTML version with the
+images inline. Everything in it comes from one Breakdown, so its numbers are the breakdown's."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import markdown
+
+from profkit.analyze import Breakdown, breakdown
+from profkit.report import findings, plots, tables
+from profkit.report.units import human_bytes, human_seconds
+
+PLOTS = {
+    "memory_by_owner.png": ("Memory at the peak, by owner", plots.memory_bars),
+    "time_by_category.png": ("Step time by operator category", plots.time_bars),
+    "memory_timelines.png": ("Memory timeline of each run's memory cycle (phases shaded)", plots.memory_timelines),
+    "peak_memory_vs_step_time.png": ("Peak memory against step time, with the Pareto front", plots.pareto),
+}
+
+
+@dataclass
+class Report:
+    markdown_path: Path
+    html_path: Path
+    images: list[Path]
+    breakdown: Breakdown
+
+
+def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -> Report:
+    bd = breakdown(paths)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = []
+    for name, (_, plot) in PLOTS.items():
+        if not bd.runs.empty and plot(bd, out_dir / name) is not None:
+            images.append(out_dir / name)
+    text = render_markdown(bd, images, command)
+    md_path = out_dir / "report.md"
+    md_path.write_text(text)
+    html_path = out_dir / "report.html"
+    html_path.write_text(render_html(text, out_dir))
+    return Report(md_path, html_path, images, bd)
+
+
+def _context(bd: Breakdown) -> list[str]:
+    from profkit import store
+
+    lines = []
+    for _, r in bd.runs.iterrows():
+        if not r.get("recorded_by_profkit"):
+            continue
+        try:
+            m = store.RunDir(Path(r["path"])).read_manifest()
+        except (OSError, ValueError):
+            continue
+        dev = m.get("device") or {}
+        rs = m.get("run_settings") or {}
+        versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items() if v)
+        lines += [f"- Device: {dev.get('type')} ({dev.get('name')}, {dev.get('cpu_count')} CPUs, "
+                  f"{dev.get('torch_threads')} torch threads)",
+                  f"- Model: {'preset ' + str(rs.get('preset')) if not rs.get('model_path') else rs['model_path']}; "
+                  f"batch {rs.get('batch_size')} x {rs.get('seq_len')} tokens; {rs.get('timed_steps')} timed steps, "
+                  f"{rs.get('profiled_steps')} profiled steps",
+                  f"- Versions: {versions}",
+                  f"- Recorded at git commit {m.get('git_commit') or 'unknown'}"]
+        break
+    return lines
+
+
+def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> str:
+    parts = ["# profkit report", ""]
+    parts += _context(bd)
+    if command:
+        parts += ["", "Reproduce:", "", "```bash", command, "```"]
+    parts += ["", "## Findings", ""]
+    parts += [f"- {s}" for s in findings.findings(bd)] or ["- No complete runs to compare."]
+    parts += ["", "## Runs", "", _runs_table(bd)]
+    titles = {name: title for name, (title, _) in PLOTS.items()}
+    for img in images:
+        parts += ["", f"## {titles[img.name]}", "", f"![{titles[img.name]}]({img.name})"]
+        if img.name == "memory_by_owner.png":
+            parts += ["", "Bytes at the run's peak (profkit's reconciliation: inventory first, then the profiler's "
+                          "timeline; `unattributed` is what is left of the measured peak).", "",
+                      tables.memory_at(bd).map(human_bytes).T.to_markdown()]
+        if img.name == "time_by_category.png":
+            parts += ["", "Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time).", "",
+                      tables.time_per_step(bd).map(human_seconds).T.to_markdown()]
+        if img.name == "memory_timelines.png":
+            parts += ["", "The profiler's own categories over time, before reconciliation with the inventory."]
+    baseline = tables.default_baseline(bd)
+    if baseline:
+        parts += ["", f"## Against {baseline}", ""] + [f"- {s}" for s in tables.delta_sentences(bd, baseline)]
+    notes = [f"- {run}: {n}" for run, ns in bd.notes.items() for n in ns]
+    if notes:
+        parts += ["", "## Notes", ""] + sorted(set(notes))
+    return "\n".join(parts) + "\n"
+
+
+def _runs_table(bd: Breakdown) -> str:
+    if bd.runs.empty:
+        return "(no runs)"
+    rows = []
+    for _, r in bd.runs.iterrows():
+        rows.append({
+            "run": r["run"], "status": r.get("status"),
+            "clean step": human_seconds(r.get("clean_step_time_s")),
+            "tokens/s": f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") == r.get("tokens_per_s") and r.get("tokens_per_s") is not None else "-",
+            "profiled step": human_seconds(r.get("profiled_step_time_s")),
+            "measured peak": human_bytes(r.get("measured_peak_bytes")),
+            "reason": r.get("reason") if isinstance(r.get("reason"), str) else "",
+        })
+    import pandas as pd
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
+def render_html(text: str, image_dir: Path) -> str:
+    body = markdown.markdown(text, extensions=["tables", "fenced_code"])
+
+    def inline(match: re.Match) -> str:
+        path = image_dir / match.group(1)
+        data = base64.b64encode(path.read_bytes()).decode() if path.exists() else ""
+        return f'src="data:image/png;base64,{data}"'
+
+    body = re.sub(r'src="([^"]+\.png)"', inline, body)
+    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
+             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}img{max-width:100%}code,pre{background:#f4f4f4}")
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>profkit report</title><style>{style}</style></head><body>{body}</body></html>\n"
+
+
+def command_line(paths: list[Path], out_dir: Path) -> str:
+    return "profkit report " + " ".join(shlex.quote(str(p)) for p in paths) + f" -o {shlex.quote(str(out_dir))}"

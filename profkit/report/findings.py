@@ -1,0 +1,105 @@
+"""Findings: short sentences generated from a Breakdown, each quoting the figures behind it.
+
+A rule only speaks when the runs it compares are present and complete; no sentence without numbers.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from profkit.analyze import Breakdown
+from profkit.report import tables
+from profkit.report.units import human_bytes, human_seconds
+
+
+def _pct(new: float, old: float) -> float:
+    return 100.0 * (new - old) / old if old else float("nan")
+
+
+class _View:
+    def __init__(self, bd: Breakdown):
+        self.runs = bd.runs.set_index("run") if not bd.runs.empty else pd.DataFrame()
+        self.mem = tables.memory_at(bd)
+        self.tim = tables.time_per_step(bd)
+        self.ok = set(self.runs.index[self.runs.status == "ok"]) if len(self.runs) else set()
+
+    def has(self, *runs: str) -> bool:
+        return all(r in self.ok and r in self.mem.index and r in self.tim.index for r in runs)
+
+    def m(self, run: str, cat: str) -> float:
+        return float(self.mem.loc[run, cat]) if cat in self.mem.columns else 0.0
+
+    def t(self, run: str, cat: str) -> float:
+        v = self.tim.loc[run, cat] if cat in self.tim.columns else 0.0
+        return 0.0 if pd.isna(v) else float(v)
+
+    def profiled(self, run: str) -> float:
+        return float(self.tim.loc[run].sum())
+
+    def clean(self, run: str) -> float:
+        return float(self.runs.loc[run, "clean_step_time_s"])
+
+    def peak(self, run: str) -> float:
+        return float(self.runs.loc[run, "measured_peak_bytes"])
+
+    def params(self, run: str) -> float:
+        return sum(self.m(run, c) for c in ("parameters_trainable", "parameters_frozen", "parameters_quantized"))
+
+
+def findings(bd: Breakdown) -> list[str]:
+    v = _View(bd)
+    out: list[str] = []
+    for base in ("full", "lora", "qlora", "lora_zero2", "lora_zero3", "qlora_zero2", "qlora_zero3"):
+        gc = f"{base}_gc"
+        if v.has(base, gc):
+            act_b, act_g = v.m(base, "activations"), v.m(gc, "activations")
+            rec_points = 100 * v.t(gc, "recompute") / v.profiled(base)
+            out.append(
+                f"Gradient checkpointing ({gc} vs {base}) cut activations at the peak by "
+                f"{-_pct(act_g, act_b):.0f}% ({human_bytes(act_b)} -> {human_bytes(act_g)}) and the measured peak by "
+                f"{-_pct(v.peak(gc), v.peak(base)):.0f}%, at {_pct(v.profiled(gc), v.profiled(base)):+.0f}% profiled "
+                f"step time, of which {rec_points:.0f} points are recompute ({human_seconds(v.t(gc, 'recompute'))}/step); "
+                f"clean step time {_pct(v.clean(gc), v.clean(base)):+.0f}%.")
+    if v.has("full", "lora"):
+        out.append(
+            f"LoRA trains {human_bytes(v.m('lora', 'parameters_trainable'))} of parameters instead of "
+            f"{human_bytes(v.m('full', 'parameters_trainable'))}, so its optimizer state is "
+            f"{human_bytes(v.m('lora', 'optimizer_state'))} against full fine-tuning's "
+            f"{human_bytes(v.m('full', 'optimizer_state'))}; its peak is {human_bytes(v.peak('lora'))} against "
+            f"{human_bytes(v.peak('full'))}, and its clean step {_pct(v.clean('lora'), v.clean('full')):+.0f}% "
+            f"({human_seconds(v.clean('lora'))} vs {human_seconds(v.clean('full'))}).")
+    if v.has("lora", "qlora"):
+        q = v.m("qlora", "parameters_quantized")
+        out.append(
+            f"QLoRA holds {human_bytes(v.params('qlora'))} of parameters against LoRA's {human_bytes(v.params('lora'))}"
+            f" (NF4 weights with their quantization state: {human_bytes(q)}); 4-bit (de)quantization costs "
+            f"{human_seconds(v.t('qlora', 'quantization'))} per profiled step, and its clean step is "
+            f"{_pct(v.clean('qlora'), v.clean('lora')):+.0f}% against LoRA.")
+    for stage in (2, 3):
+        z = f"lora_zero{stage}"
+        if v.has("lora", z):
+            deltas = {c: v.m(z, c) - v.m("lora", c) for c in v.mem.columns}
+            top = max(deltas, key=lambda c: deltas[c])
+            out.append(
+                f"ZeRO-{stage} on one process ({z}) has no one to shard with: its peak is "
+                f"{human_bytes(v.peak(z))} against LoRA's {human_bytes(v.peak('lora'))} "
+                f"({_pct(v.peak(z), v.peak('lora')):+.0f}%), the largest growth being {top} "
+                f"(+{human_bytes(deltas[top])}); optimizer state grows by "
+                f"{human_bytes(deltas.get('optimizer_state', 0))} (an fp32 master copy), and communication takes "
+                f"{human_seconds(v.t(z, 'communication'))} per profiled step.")
+    if v.has("infer_fp16", "infer_int4"):
+        tps = lambda r: float(v.runs.loc[r, "tokens_per_s"])
+        out.append(
+            f"NF4 inference holds {human_bytes(v.params('infer_int4'))} of parameters against "
+            f"{human_bytes(v.params('infer_fp16'))} and generates {tps('infer_int4'):,.0f} tokens/s against "
+            f"{tps('infer_fp16'):,.0f} ({_pct(tps('infer_int4'), tps('infer_fp16')):+.0f}%).")
+    for run in v.tim.index:
+        if run in v.ok:
+            row = v.tim.loc[run].fillna(0)
+            top = row.idxmax()
+            out.append(f"{run}: the largest time category is {top}, {human_seconds(row[top])} of "
+                       f"{human_seconds(row.sum())} per profiled step ({100 * row[top] / row.sum():.0f}%).")
+    if len(v.runs):
+        for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
+            out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
+    return out

@@ -1,0 +1,138 @@
+"""PNG plots of a Breakdown (matplotlib, no display needed). Each function writes one file and returns
+its path; none computes anything the tables do not already hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from profkit import labels, store  # noqa: E402
+from profkit.analyze import Breakdown  # noqa: E402
+from profkit.analyze.memory import TIMELINE_CATEGORIES, load_timeline, phase_windows  # noqa: E402
+from profkit.analyze.trace import load_trace  # noqa: E402
+from profkit.report import tables  # noqa: E402
+
+MIB = 2**20
+COLORS = {
+    "parameters_trainable": "#1b9e77", "parameters_frozen": "#66a61e", "parameters_quantized": "#a6d854",
+    "gradients": "#e7298a", "optimizer_state": "#d95f02", "activations": "#7570b3", "temporaries": "#e6ab02",
+    "allocator_overhead": "#a6761d", "unattributed": "#999999",
+    "gemm": "#1f77b4", "attention": "#ff7f0e", "convolution": "#8c564b", "quantization": "#2ca02c",
+    "norm": "#d62728", "elementwise": "#9467bd", "embedding_loss": "#e377c2", "optimizer": "#bcbd22",
+    "recompute": "#17becf", "communication": "#7f7f7f", "memcpy_memset": "#aec7e8", "data": "#ffbb78",
+    "host_overhead": "#c5b0d5", "idle": "#dddddd", "other": "#000000",
+}
+# The profiler's own timeline categories, grouped as the breakdown groups them (before reconciliation).
+TIMELINE_GROUPS = {
+    "parameters": ("PARAMETER",), "optimizer_state": ("OPTIMIZER_STATE",), "gradients": ("GRADIENT",),
+    "activations": ("ACTIVATION", "AUTOGRAD_DETAIL"), "inputs": ("INPUT",), "temporaries": ("TEMPORARY",),
+    "unknown": ("UNKNOWN",),
+}
+TIMELINE_COLORS = {"parameters": "#66a61e", "optimizer_state": "#d95f02", "gradients": "#e7298a",
+                   "activations": "#7570b3", "inputs": "#1f78b4", "temporaries": "#e6ab02", "unknown": "#999999"}
+
+
+def _stacked(ax, frame, scale: float, unit: str) -> None:
+    bottom = np.zeros(len(frame))
+    for cat in frame.columns:
+        values = frame[cat].fillna(0).clip(lower=0).to_numpy() / scale
+        if values.any():
+            ax.bar(frame.index, values, bottom=bottom, label=cat, color=COLORS.get(cat))
+            bottom += values
+    ax.set_ylabel(unit)
+    ax.tick_params(axis="x", rotation=45)
+    for tick in ax.get_xticklabels():
+        tick.set_ha("right")
+
+
+def memory_bars(bd: Breakdown, path: Path) -> Path:
+    mem = tables.memory_at(bd)
+    measured = bd.runs.set_index("run")["measured_peak_bytes"].reindex(mem.index)
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(mem) + 3), 5))
+    _stacked(ax, mem, MIB, "MiB at the run's peak")
+    ax.scatter(mem.index, measured / MIB, marker="_", s=400, color="black", zorder=3, label="measured peak")
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_title("Memory at the peak, by owner (log scale)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def time_bars(bd: Breakdown, path: Path) -> Path:
+    tim = tables.time_per_step(bd)
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(tim) + 3), 5))
+    _stacked(ax, tim, 1e-3, "ms per profiled step")
+    ax.set_title("Step time by operator category (profiled steps)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def memory_timelines(bd: Breakdown, path: Path) -> Path | None:
+    runs = [r for r in bd.runs.itertuples() if r.status == "ok" and r.recorded_by_profkit]
+    if not runs:
+        return None
+    cols = 4
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, runs):
+        run_dir = store.RunDir(Path(r.path))
+        tl = load_timeline(run_dir.memory_timeline)
+        start = tl.t_ns[tl.t_ns > 0].min()
+        t_ms = (np.clip(tl.t_ns, start, None) - start) / 1e6
+        series = [tl.live[:, [TIMELINE_CATEGORIES.index(c) for c in group]].sum(axis=1) / MIB
+                  for group in TIMELINE_GROUPS.values()]
+        ax.stackplot(t_ms, *series, colors=list(TIMELINE_COLORS.values()), step="post")
+        for phase, (a, b) in phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL).items():
+            a_ms, b_ms = (a - start) / 1e6, (b - start) / 1e6
+            ax.axvspan(a_ms, b_ms, alpha=0.08, color="black")
+            ax.text((a_ms + b_ms) / 2, ax.get_ylim()[1] * 0.98, phase[:4], ha="center", va="top", fontsize=6)
+        ax.set_title(r.run, fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes.flat[len(runs):]:
+        ax.axis("off")
+    fig.supxlabel("ms into the memory cycle", fontsize=9)
+    fig.supylabel("MiB live (profiler categories)", fontsize=9)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLORS.values()]
+    fig.legend(handles, list(TIMELINE_COLORS), loc="lower center", ncol=len(TIMELINE_COLORS), fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def pareto(bd: Breakdown, path: Path) -> Path | None:
+    r = bd.runs[(bd.runs.status == "ok") & bd.runs.measured_peak_bytes.notna() & bd.runs.clean_step_time_s.notna()]
+    r = r[r.method.map(lambda m: not str(m).startswith("infer"))] if "method" in r else r
+    if r.empty:
+        return None
+    x, y = r.measured_peak_bytes.to_numpy() / MIB, r.clean_step_time_s.to_numpy() * 1e3
+    fig, ax = plt.subplots(figsize=(7, 5))
+    ax.scatter(x, y, color="#1f77b4", zorder=3)
+    for xi, yi, name in zip(x, y, r.run):
+        ax.annotate(name, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    order = np.argsort(x)
+    front, best = [], np.inf
+    for i in order:  # fastest method at or under each memory level
+        if y[i] < best:
+            best = y[i]
+            front.append(i)
+    ax.step(x[front], y[front], where="post", color="#d62728", label="Pareto front (fastest under a memory budget)")
+    ax.set_xscale("log")
+    ax.set_xlabel("measured peak memory (MiB, log)")
+    ax.set_ylabel("clean step time (ms)")
+    ax.set_title("Training methods: peak memory against step time")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
