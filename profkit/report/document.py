@@ -33,6 +33,7 @@ class Report:
 
 def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -> Report:
     bd = breakdown(paths)
+    command = command or command_line(paths, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     images = []
     for name, (_, plot) in PLOTS.items():
@@ -44,6 +45,18 @@ def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -
     html_path = out_dir / "report.html"
     html_path.write_text(render_html(text, out_dir))
     return Report(md_path, html_path, images, bd)
+
+
+def _record_command(bd: Breakdown, settings: dict) -> str:
+    methods = " ".join(str(m) for m in bd.runs.loc[bd.runs.recorded_by_profkit, "method"])
+    model = f"--model {shlex.quote(settings['model_path'])}" if settings.get("model_path") else f"--preset {settings.get('preset')}"
+    parts = [f"profkit record {methods} {model}", f"--batch-size {settings.get('batch_size')}",
+             f"--seq-len {settings.get('seq_len')}", f"--warmup-steps {settings.get('warmup_steps')}",
+             f"--steps {settings.get('timed_steps')}", f"--profiled-steps {settings.get('profiled_steps')}",
+             f"--device {settings.get('device')}"]
+    if settings.get("dataset_path"):
+        parts.append(f"--dataset {shlex.quote(settings['dataset_path'])}")
+    return " ".join(parts)
 
 
 def _context(bd: Breakdown) -> list[str]:
@@ -66,7 +79,8 @@ def _context(bd: Breakdown) -> list[str]:
                   f"batch {rs.get('batch_size')} x {rs.get('seq_len')} tokens; {rs.get('timed_steps')} timed steps, "
                   f"{rs.get('profiled_steps')} profiled steps",
                   f"- Versions: {versions}",
-                  f"- Recorded at git commit {m.get('git_commit') or 'unknown'}"]
+                  f"- Recorded at git commit {m.get('git_commit') or 'unknown'}", "",
+                  "Record (each method is run in a fresh process):", "", "```bash", _record_command(bd, rs), "```"]
         break
     return lines
 
@@ -75,7 +89,7 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> s
     parts = ["# profkit report", ""]
     parts += _context(bd)
     if command:
-        parts += ["", "Reproduce:", "", "```bash", command, "```"]
+        parts += ["", "Then this report:", "", "```bash", command, "```"]
     parts += ["", "## Findings", ""]
     parts += [f"- {s}" for s in findings.findings(bd)] or ["- No complete runs to compare."]
     parts += ["", "## Runs", "", _runs_table(bd)]

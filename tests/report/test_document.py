@@ -1,0 +1,90 @@
+import json
+import re
+import shutil
+
+import pytest
+
+from profkit.report import tables
+from profkit.report.document import PLOTS, write_report
+from profkit.report.units import human_bytes, human_seconds
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def report(matrix, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    for run in ("full", "full_gc", "lora", "lora_gc", "qlora", "lora_zero2", "infer_fp16", "infer_int4"):
+        shutil.copytree(matrix / run, runs / run)
+    failed = runs / "qlora_zero3"
+    failed.mkdir()
+    (failed / "manifest.json").write_text(json.dumps(
+        {"method": "qlora_zero3", "status": "oom", "reason": "OutOfMemoryError: CUDA out of memory"}))
+    return write_report([runs], tmp_path_factory.mktemp("report") / "matrix")
+
+
+def test_every_plot_is_written(report):
+    assert sorted(p.name for p in report.images) == sorted(PLOTS)
+    for png in report.images:
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    html = report.html_path.read_text()
+    assert html.count("data:image/png;base64,") == len(PLOTS)
+
+
+def markdown_table(text: str, heading: str) -> dict[str, dict[str, str]]:
+    """Parse the first Markdown table after ``heading`` into {row label: {column: cell}}."""
+    block = text[text.index(heading):]
+    lines = [l for l in block.splitlines() if l.startswith("|")]
+    end = next((i for i in range(1, len(lines)) if not lines[i].startswith("|")), len(lines))
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    out = {}
+    for line in lines[2:end]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break
+        out[cells[0]] = dict(zip(header[1:], cells[1:]))
+    return out
+
+
+def test_table_numbers_equal_the_breakdown(report):
+    text = report.markdown_path.read_text()
+    bd = report.breakdown
+    mem = markdown_table(text, "## Memory at the peak, by owner")
+    expected = tables.memory_at(bd)
+    for run in expected.index:
+        for cat, value in expected.loc[run].items():
+            assert mem[cat][run] == human_bytes(value), (run, cat)
+    tim = markdown_table(text, "## Step time by operator category")
+    for run, row in tables.time_per_step(bd).iterrows():
+        for cat, value in row.items():
+            assert tim[cat][run] == human_seconds(value), (run, cat)
+
+
+def test_failed_runs_appear_with_their_status(report):
+    text = report.markdown_path.read_text()
+    runs = markdown_table(text, "## Runs")
+    assert runs["qlora_zero3"]["status"] == "oom"
+    assert "OutOfMemoryError" in runs["qlora_zero3"]["reason"]
+    assert "qlora_zero3 was not measured: status oom" in text
+
+
+def test_findings_quote_numbers(report):
+    text = report.markdown_path.read_text()
+    section = text[text.index("## Findings"):text.index("## Runs")]
+    sentences = [l for l in section.splitlines() if l.startswith("- ")]
+    assert any(s.startswith("- Gradient checkpointing (lora_gc vs lora) cut activations") for s in sentences)
+    assert any(s.startswith("- QLoRA holds") for s in sentences)
+    assert any("ZeRO-2 on one process" in s for s in sentences)
+    assert all(re.search(r"\d", s) for s in sentences)
+
+
+def test_report_states_context_and_reproduction(report):
+    text = report.markdown_path.read_text()
+    assert "- Device: cpu" in text and "- Versions: python" in text
+    assert "profkit report " in text
+
+
+def test_report_cli(matrix, tmp_path):
+    result = run_cli("report", str(matrix / "lora"), str(matrix / "lora_gc"), "-o", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "r" / "report.md").exists() and (tmp_path / "r" / "report.html").exists()
