@@ -50,31 +50,33 @@ def _stacked(ax, frame, scale: float, unit: str) -> None:
         tick.set_ha("right")
 
 
+def _bar_chart(frame, scale: float, unit: str, title: str, path: Path, annotate=None) -> Path:
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(frame) + 3), 5))
+    _stacked(ax, frame, scale, unit)
+    if annotate:
+        annotate(ax)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def memory_bars(bd: Breakdown, path: Path) -> Path:
     mem = tables.memory_at(bd)
     measured = bd.runs.set_index("run")["measured_peak_bytes"].reindex(mem.index)
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(mem) + 3), 5))
-    _stacked(ax, mem, MIB, "MiB at the run's peak")
-    ax.scatter(mem.index, measured / MIB, marker="_", s=400, color="black", zorder=3, label="measured peak")
-    ax.set_yscale("symlog", linthresh=1)
-    ax.set_title("Memory at the peak, by owner (log scale)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+
+    def mark_peak(ax) -> None:
+        ax.scatter(mem.index, measured / MIB, marker="_", s=400, color="black", zorder=3, label="measured peak")
+        ax.set_yscale("symlog", linthresh=1)
+
+    return _bar_chart(mem, MIB, "MiB at the run's peak", "Memory at the peak, by owner (log scale)", path, mark_peak)
 
 
 def time_bars(bd: Breakdown, path: Path) -> Path:
-    tim = tables.time_per_step(bd)
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(tim) + 3), 5))
-    _stacked(ax, tim, 1e-3, "ms per profiled step")
-    ax.set_title("Step time by operator category (profiled steps)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _bar_chart(tables.time_per_step(bd), 1e-3, "ms per profiled step",
+                      "Step time by operator category (profiled steps)", path)
 
 
 def memory_timelines(bd: Breakdown, path: Path) -> Path | None:

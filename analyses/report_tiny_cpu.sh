@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Regenerate the committed report of the method matrix on the `tiny` preset on this machine's CPU:
+# record every method into traces/ (not committed), write reports/tiny-cpu/, and, where Chromium is
+# installed, a screenshot of the TensorBoard profiler view. Run from the repository root after `make setup`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+$BIN/profkit record --all --preset tiny --device cpu -o traces
+$BIN/profkit report traces -o reports/tiny-cpu
+$BIN/python analyses/screenshot_tensorboard.py traces -o reports/tiny-cpu/tensorboard_profiler.png || \
+  echo "(no screenshot: see above)"
