@@ -93,6 +93,14 @@ def findings(bd: Breakdown) -> list[str]:
             f"NF4 inference holds {human_bytes(v.params('infer_int4'))} of parameters against "
             f"{human_bytes(v.params('infer_fp16'))} and generates {tps('infer_int4'):,.0f} tokens/s against "
             f"{tps('infer_fp16'):,.0f} ({_pct(tps('infer_int4'), tps('infer_fp16')):+.0f}%).")
+    ratios = {r: v.profiled(r) / v.clean(r) for r in v.tim.index
+              if r in v.ok and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and v.clean(r) > 0}
+    if ratios:
+        lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
+        out.append(
+            f"Profiling costs time: a profiled step takes {ratios[lo]:.1f}x ({lo}) to {ratios[hi]:.1f}x ({hi}) the "
+            f"clean step, so time categories below are shares of the profiled step and absolute step times come "
+            f"from the unprofiled steps.")
     for run in v.tim.index:
         if run in v.ok:
             row = v.tim.loc[run].fillna(0)

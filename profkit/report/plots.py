@@ -16,6 +16,7 @@ from profkit.analyze import Breakdown  # noqa: E402
 from profkit.analyze.memory import TIMELINE_CATEGORIES, load_timeline, phase_windows  # noqa: E402
 from profkit.analyze.trace import load_trace  # noqa: E402
 from profkit.report import tables  # noqa: E402
+from profkit.report.units import human_bytes  # noqa: E402
 
 MIB = 2**20
 COLORS = {
@@ -64,14 +65,19 @@ def _bar_chart(frame, scale: float, unit: str, title: str, path: Path, annotate=
 
 
 def memory_bars(bd: Breakdown, path: Path) -> Path:
+    """Composition as a share of each run's measured peak, the peak itself written on the bar: peaks span
+    three orders of magnitude across methods, and stacked bars on a log axis would misdraw the parts."""
     mem = tables.memory_at(bd)
     measured = bd.runs.set_index("run")["measured_peak_bytes"].reindex(mem.index)
+    share = mem.clip(lower=0).div(measured, axis=0) * 100
 
-    def mark_peak(ax) -> None:
-        ax.scatter(mem.index, measured / MIB, marker="_", s=400, color="black", zorder=3, label="measured peak")
-        ax.set_yscale("symlog", linthresh=1)
+    def label_peaks(ax) -> None:
+        for x, (run, peak) in enumerate(measured.items()):
+            ax.text(x, 101, human_bytes(peak), ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.set_ylim(0, 125)
 
-    return _bar_chart(mem, MIB, "MiB at the run's peak", "Memory at the peak, by owner (log scale)", path, mark_peak)
+    return _bar_chart(share, 1, "% of the measured peak", "Memory at the peak, by owner (bar labels: measured peak)",
+                      path, label_peaks)
 
 
 def time_bars(bd: Breakdown, path: Path) -> Path:
@@ -94,19 +100,20 @@ def memory_timelines(bd: Breakdown, path: Path) -> Path | None:
         series = [tl.live[:, [TIMELINE_CATEGORIES.index(c) for c in group]].sum(axis=1) / MIB
                   for group in TIMELINE_GROUPS.values()]
         ax.stackplot(t_ms, *series, colors=list(TIMELINE_COLORS.values()), step="post")
+        top = ax.get_ylim()[1]
         for phase, (a, b) in phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL).items():
-            a_ms, b_ms = (a - start) / 1e6, (b - start) / 1e6
-            ax.axvspan(a_ms, b_ms, alpha=0.08, color="black")
-            ax.text((a_ms + b_ms) / 2, ax.get_ylim()[1] * 0.98, phase[:4], ha="center", va="top", fontsize=6)
+            a_ms = (a - start) / 1e6
+            ax.axvline(a_ms, color="black", lw=0.6, ls="--")
+            ax.text(a_ms, top, f" {phase}", ha="left", va="top", fontsize=6, rotation=90)
         ax.set_title(r.run, fontsize=9)
         ax.tick_params(labelsize=7)
     for ax in axes.flat[len(runs):]:
         ax.axis("off")
-    fig.supxlabel("ms into the memory cycle", fontsize=9)
+    fig.supxlabel("ms into the memory cycle (dashed: phase starts)", fontsize=9, y=0.035)
     fig.supylabel("MiB live (profiler categories)", fontsize=9)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLORS.values()]
     fig.legend(handles, list(TIMELINE_COLORS), loc="lower center", ncol=len(TIMELINE_COLORS), fontsize=8)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.tight_layout(rect=(0.02, 0.06, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
