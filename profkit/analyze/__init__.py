@@ -51,6 +51,7 @@ class Breakdown:
     measured: pd.DataFrame  # run, method, phase, measured_peak_bytes, source
     problems: list[Problem] = field(default_factory=list)
     notes: dict[str, list[str]] = field(default_factory=dict)
+    phase_windows: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # run -> phase -> ns
 
     @property
     def failed(self) -> bool:
@@ -115,8 +116,9 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
     sources, problems = discover([Path(p) for p in paths])
     runs, memory, time, by_name, measured = [], [], [], [], []
     notes: dict[str, list[str]] = {}
+    windows: dict[str, dict] = {}
     for src in sources:
-        row, run_notes = _analyse(src, problems, memory, time, by_name, measured)
+        row, run_notes = _analyse(src, problems, memory, time, by_name, measured, windows)
         runs.append(row)
         notes[src.run] = run_notes
     return Breakdown(
@@ -125,11 +127,12 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         time=pd.concat(time, ignore_index=True) if time else pd.DataFrame(columns=TIME_COLUMNS),
         time_by_name=pd.concat(by_name, ignore_index=True) if by_name else pd.DataFrame(),
         measured=pd.concat(measured, ignore_index=True) if measured else pd.DataFrame(),
-        problems=problems, notes=notes,
+        problems=problems, notes=notes, phase_windows=windows,
     )
 
 
-def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measured) -> tuple[dict, list[str]]:
+def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measured,
+             windows: dict) -> tuple[dict, list[str]]:
     notes: list[str] = []
     row: dict = {"run": src.run, "path": str(src.path), "recorded_by_profkit": src.recorded}
     if src.recorded:
@@ -169,8 +172,8 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         return row, notes
     try:
         timeline = load_timeline(run_dir.memory_timeline)
-        windows = phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL)
-        m = analyze_memory(manifest, timeline, windows)
+        windows[src.run] = phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL)
+        m = analyze_memory(manifest, timeline, windows[src.run])
         memory.append(m.rows.assign(run=src.run, method=method)[MEMORY_COLUMNS])
         measured.append(m.measured.assign(run=src.run, method=method))
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]

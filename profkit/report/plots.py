@@ -11,10 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from profkit import labels, store  # noqa: E402
+from profkit import store  # noqa: E402
 from profkit.analyze import Breakdown  # noqa: E402
-from profkit.analyze.memory import TIMELINE_CATEGORIES, load_timeline, phase_windows  # noqa: E402
-from profkit.analyze.trace import load_trace  # noqa: E402
+from profkit.analyze.memory import TIMELINE_CATEGORIES, load_timeline  # noqa: E402
 from profkit.report import tables  # noqa: E402
 from profkit.report.units import human_bytes  # noqa: E402
 
@@ -101,7 +100,7 @@ def memory_timelines(bd: Breakdown, path: Path) -> Path | None:
                   for group in TIMELINE_GROUPS.values()]
         ax.stackplot(t_ms, *series, colors=list(TIMELINE_COLORS.values()), step="post")
         top = ax.get_ylim()[1]
-        for phase, (a, b) in phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL).items():
+        for phase, (a, b) in bd.phase_windows.get(r.run, {}).items():
             a_ms = (a - start) / 1e6
             ax.axvline(a_ms, color="black", lw=0.6, ls="--")
             ax.text(a_ms, top, f" {phase}", ha="left", va="top", fontsize=6, rotation=90)
