@@ -71,7 +71,6 @@ def main() -> None:
                          "ratio": ratio, "plain_blocks_s": plain_t, "profkit_blocks_s": profkit_t}
         print(f"{name:8s} plain {statistics.median(plain_t) * 1e3:7.2f} ms  profkit "
               f"{statistics.median(profkit_t) * 1e3:7.2f} ms  ratio {ratio:.3f}")
-        del w, model, opt
     summary = {"preset": args.preset, "device": "cpu", "torch_threads": torch.get_num_threads(),
                "rounds": args.rounds, "steps_per_block": args.steps_per_block, "methods": results}
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from torch_tb_profiler.consts import WORKER_PATTERN
 from profkit.analyze.trace import load_trace
 from profkit.methods import METHODS
 from profkit.presets import get_preset
-from tests.conftest import FAST, run_cli
+from tests.conftest import run_cli
 
 MICRO = get_preset("micro").config
 
