@@ -128,19 +128,44 @@ def materialize_preset(name: str) -> Path:
     return target
 
 
+def model_config(settings: RunSettings):
+    """The Hugging Face config of the model a run would load (a local path's, or the preset's); no weights."""
+    from transformers import AutoConfig
+
+    if settings.model_path:
+        return AutoConfig.from_pretrained(settings.model_path, local_files_only=True)
+    return AutoConfig.for_model(**get_preset(settings.preset).config)
+
+
+def weight_dtype(method: Method, half: torch.dtype) -> torch.dtype:
+    """Trainable full fine-tuning weights stay fp32 (mixed precision via autocast); frozen bases use half."""
+    return torch.float32 if (method.kind == "train" and method.adapter == "none") else half
+
+
+def nf4_config(half: torch.dtype):
+    """The bitsandbytes config of every NF4 method (QLoRA's: NF4 with double quantization)."""
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=half)
+
+
+def lora_config(method: Method):
+    from peft import LoraConfig
+
+    return LoraConfig(r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
+                      target_modules=list(method.lora_targets), task_type="CAUSAL_LM")
+
+
 def build_model(method: Method, settings: RunSettings, device: str):
     """Load the model as ``method`` prescribes: dtype, NF4, k-bit preparation, LoRA, checkpointing."""
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from transformers import AutoModelForCausalLM
 
     path = settings.model_path or materialize_preset(settings.preset)
     half = half_dtype(device)
-    # Trainable full fine-tuning weights stay fp32 (mixed precision via autocast); frozen bases use half.
-    dtype = torch.float32 if (method.kind == "train" and method.adapter == "none") else half
-    kwargs: dict[str, Any] = {"dtype": dtype, "device_map": {"": device}}
+    kwargs: dict[str, Any] = {"dtype": weight_dtype(method, half), "device_map": {"": device}}
     if method.quantization == "nf4":
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=half)
+        kwargs["quantization_config"] = nf4_config(half)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
 
     _label_norms(model)
@@ -160,12 +185,53 @@ def build_model(method: Method, settings: RunSettings, device: str):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         _label_recompute(model)
     if method.adapter == "lora":
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(
-            r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
-            target_modules=list(method.lora_targets), task_type="CAUSAL_LM"))
+        from peft import get_peft_model
+        model = get_peft_model(model, lora_config(method))
     model.train()
     return model
+
+
+class _MetaNF4Linear(torch.nn.Linear):
+    """Stands in for bitsandbytes' ``Linear4bit`` on the meta device, where bitsandbytes cannot quantize:
+    the same frozen weight and the same dtype round trip (input cast to the compute dtype, output cast
+    back), so autograd saves what it saves for the real layer. Storage is counted by the estimator."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
+def meta_model(method: Method, config, half: torch.dtype) -> tuple[Any, set[str]]:
+    """The model ``build_model`` would build, on the meta device (shapes and dtypes, no memory), and the
+    names of the parameters that would be stored in NF4. Used by the estimator; no weights needed."""
+    from transformers import AutoModelForCausalLM
+    from transformers.quantizers.base import get_keys_to_not_convert
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=weight_dtype(method, half))
+    quantized_ids: set[int] = set()
+    if method.quantization == "nf4":
+        # transformers' own rule for which Linear layers bitsandbytes replaces.
+        keep = get_keys_to_not_convert(model)
+        for name, module in list(model.named_modules()):
+            if type(module) is torch.nn.Linear and should_convert_module(name, keep):
+                module.__class__ = _MetaNF4Linear
+                quantized_ids.add(id(module.weight))
+        # What peft's prepare_model_for_kbit_training does to the weights that stay unquantized.
+        for p in model.parameters():
+            p.requires_grad_(False)
+            if id(p) not in quantized_ids and p.dtype in (torch.float16, torch.bfloat16):
+                p.data = p.data.float()
+    model.config.use_cache = False
+    if method.kind == "infer":
+        model.requires_grad_(False)
+        model.eval()
+    elif method.adapter == "lora":
+        from peft import get_peft_model
+        model = get_peft_model(model, lora_config(method))
+    if method.kind == "train":
+        model.train()
+    return model, {n for n, p in model.named_parameters() if id(p) in quantized_ids}
 
 
 def _label_recompute(model) -> None:
@@ -297,6 +363,18 @@ def _init_single_process_group(device: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
 
 
+def zero_buffers(stage: int) -> dict[str, int]:
+    """The ZeRO settings that size DeepSpeed's buffers, as profkit runs it: DeepSpeed's own defaults (no
+    overrides, so what users get), read from DeepSpeed's config class rather than restated here."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    config = DeepSpeedZeroConfig(stage=stage)
+    return {"reduce_bucket_size": int(config.reduce_bucket_size),
+            "prefetch_bucket_size": int(config.prefetch_bucket_size),
+            "max_live_parameters": int(config.max_live_parameters),
+            "param_persistence_threshold": int(config.param_persistence_threshold)}
+
+
 def _free_port() -> int:
     import socket
     with socket.socket() as s:
@@ -321,7 +399,6 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
     if method.zero_stage:
         import deepspeed
         _init_single_process_group(device)
-        # DeepSpeed's own defaults otherwise (bucket sizes, contiguous gradients): what users get.
         ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
                      "zero_optimization": {"stage": method.zero_stage}, "zero_allow_untested_optimizer": True,
                      "steps_per_print": 10**9}

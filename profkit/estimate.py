@@ -1,0 +1,380 @@
+"""Predicted memory by category for a training method, without running a step.
+
+The model is built on the meta device (shapes and dtypes, no memory, no weights) exactly as the workload
+builds it: the method's dtypes, peft's LoRA layers, transformers' choice of which Linear layers bitsandbytes
+quantizes. From it:
+
+- parameters are counted per tensor (tied weights once); NF4 storage is bitsandbytes' layout: two 4-bit
+  values per byte, one absmax per 64-value block, stored as uint8 with double quantization (plus an fp32
+  absmax per 256 of those, a 256-entry code and an offset) or fp32 without, and a 16-entry code per layer;
+- optimizer state is AdamW's layout: two moment tensors like each trainable parameter, plus a ``step``
+  scalar per tensor (a host tensor on CUDA, so not GPU memory); under ZeRO, DeepSpeed's flat fp32 master
+  partition and the moments of that partition;
+- activations come from one forward pass on the meta device under ``saved_tensors_hooks``: every tensor
+  autograd saves for backward, once per storage, attributed to the decoder layer that saved it. Without
+  gradient checkpointing that is what is held at the end of forward. With it, only what lies outside the
+  checkpointed layers is saved, plus each layer's inputs; during backward one layer is recomputed at a time.
+- ZeRO's buffers are DeepSpeed's defaults (``workload.zero_buffers``), and what ZeRO partitions across
+  ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too.
+
+Two things the meta device does not do as the target device would, so they are set here (the reason for
+hand-written code): the scaled-dot-product-attention kernel (on meta, PyTorch always picks the math kernel,
+which saves the full attention matrix; the CPU and CUDA flash kernels save only q, k, v, the output and a
+log-sum-exp), and autocast (it does not dispatch on meta tensors; the CUDA target trains under bf16
+autocast, so linear layers and attention see bf16 copies of their inputs and weights).
+
+Predictions are for three instants of a step: ``forward`` (its end), ``backward`` and ``optimizer``.
+Allocator overhead (CUDA's reserved-but-unallocated cache) is not predicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from profkit.methods import Method
+
+Target = Literal["cpu", "cuda"]
+CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "gradients",
+              "optimizer_state", "activations", "temporaries")
+INSTANTS = ("forward", "backward", "optimizer")
+NF4_BLOCK = 64  # bitsandbytes' default 4-bit blocksize, which transformers' BitsAndBytesConfig keeps
+NF4_NESTED_BLOCK = 256  # blocksize of double quantization's second level
+
+
+class EstimateError(ValueError):
+    """A method or model the estimator does not model; the message says which and why."""
+
+
+@dataclass
+class Estimate:
+    method: str
+    settings: dict  # batch_size, seq_len, world_size, device, model
+    instants: dict[str, dict[str, int]]  # instant -> category -> bytes
+    params: dict[str, int]  # trainable / frozen / quantized element counts
+    detail: dict[str, int] = field(default_factory=dict)  # named parts behind the categories, bytes
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def peak_instant(self) -> str:
+        return max(INSTANTS, key=lambda i: sum(self.instants[i].values()))
+
+    @property
+    def peak_bytes(self) -> int:
+        return sum(self.instants[self.peak_instant].values())
+
+    def at_peak(self) -> dict[str, int]:
+        return dict(self.instants[self.peak_instant])
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "settings": self.settings, "instants": self.instants,
+                "peak_instant": self.peak_instant, "peak_bytes": self.peak_bytes, "params": self.params,
+                "detail": self.detail, "notes": self.notes}
+
+
+def nf4_bytes(shape: tuple[int, ...], double_quant: bool) -> int:
+    """Bytes bitsandbytes stores for one NF4 weight with its quantization state."""
+    numel = math.prod(shape)
+    packed = (numel + 1) // 2
+    blocks = math.ceil(numel / NF4_BLOCK)
+    code = 16 * 4
+    if not double_quant:
+        return packed + blocks * 4 + code
+    nested_blocks = math.ceil(blocks / NF4_NESTED_BLOCK)
+    return packed + blocks + 4 + nested_blocks * 4 + 256 * 4 + code
+
+
+def _elem(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# --------------------------------------------------------------------------- activations
+
+@dataclass
+class SavedForBackward:
+    """Bytes autograd holds for backward, by where they were saved."""
+
+    before_layers: int  # embeddings, rotary tables, the batch itself
+    layers: list[int]  # per checkpointable decoder layer
+    layer_inputs: int  # what a checkpointed layer keeps: its input tensors (unique storages)
+    after_layers: int  # final norm, LM head, loss
+    at_loss: int  # live while the loss is computed but not saved: the LM head's input and output (the
+    # logits), and the fp32 copy of the logits that transformers' causal-LM loss makes when they are not fp32
+
+    def end_of_forward(self, checkpointing: bool) -> int:
+        """The forward's high point: at the loss, where the logits are live beside everything saved."""
+        layers = self.layer_inputs if checkpointing else sum(self.layers)
+        return self.before_layers + layers + self.after_layers + self.at_loss
+
+    def during_backward(self, checkpointing: bool) -> int:
+        """Without checkpointing, backward starts from everything saved. With it, the high point is either
+        the start (what was saved outside the layers, and the layer inputs) or the recomputation of a layer
+        (the layer inputs, what was saved before the layers and one layer's tensors; the LM head's and the
+        loss' are freed by then)."""
+        if not checkpointing:
+            return self.before_layers + sum(self.layers) + self.after_layers
+        return max(self.before_layers + self.layer_inputs + self.after_layers,
+                   self.before_layers + self.layer_inputs + max(self.layers, default=0))
+
+
+class _TargetDevice(torch.overrides.TorchFunctionMode):
+    """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
+
+    LOWER = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
+             torch.mm, torch.bmm, torch.Tensor.mm, torch.Tensor.bmm}
+
+    def __init__(self, target: Target, half: torch.dtype):
+        super().__init__()
+        self.target, self.half = target, half
+        self.autocast = target == "cuda"
+        self.cast_cache: dict[int, torch.Tensor] = {}  # autocast caches casts of leaf weights per forward
+
+    def _cast(self, x):
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.half):
+            return x
+        if x.is_leaf and x.requires_grad:
+            if id(x) not in self.cast_cache:
+                self.cast_cache[id(x)] = x.to(self.half)
+            return self.cast_cache[id(x)]
+        return x.to(self.half)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            if self.autocast:
+                args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
+            return self._attention(*args, **kwargs)
+        if self.autocast and func in self.LOWER:
+            args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+    def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if dropout_p or q.shape[-1] != v.shape[-1] or q.shape[-1] > 256:
+            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                        enable_gqa=enable_gqa)
+        if self.target == "cpu":
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
+        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+        if k.shape[-3] != q.shape[-3]:  # memory-efficient attention takes no grouped heads
+            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
+            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, attn_mask, True, 0.0, is_causal, scale=scale)[0]
+
+
+def _decoder_layers(model) -> list:
+    """The units gradient checkpointing wraps: transformers' checkpointable decoder layers."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, half: torch.dtype,
+                       gathered: set[int] = frozenset()) -> SavedForBackward:
+    """One training forward on the meta device; every saved tensor counted once per storage.
+
+    ``gathered``: ids of parameters that ZeRO-3 gathers into a fresh buffer for each use and releases
+    after; when autograd saves one of those, the saved tensor is that buffer, so it counts like an activation.
+    """
+    static = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
+    seen: set[int] = set()
+    where = {"region": "before"}
+    by_region: dict[str, int] = {"before": 0, "after": 0}
+    layer_order: list[str] = []
+    inputs: dict[int, int] = {}
+
+    def count(t: torch.Tensor, region: str) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in static or key in seen:
+            return
+        seen.add(key)
+        by_region[region] = by_region.get(region, 0) + storage.nbytes()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        count(t, where["region"])
+        return t
+
+    def enter(module, args, kwargs):
+        name = f"layer{len(layer_order)}"
+        layer_order.append(name)
+        where["region"] = name
+        for value in [*args, *kwargs.values()]:
+            for t in (value if isinstance(value, (tuple, list)) else (value,)):
+                if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in static:
+                    inputs.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+
+    def leave(module, args, kwargs, output):
+        where["region"] = "after"
+
+    at_loss: dict[int, int] = {}
+
+    def lm_head_output(module, args, output):
+        for t in (args[0], output):
+            at_loss.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+        if output.dtype != torch.float32:
+            at_loss[-1] = output.numel() * 4
+
+    layers = _decoder_layers(model)
+    if not layers:
+        raise EstimateError(f"{type(model).__name__}: no decoder layers that transformers can checkpoint were "
+                            "found, so activations cannot be attributed per layer")
+    handles = [h for m in layers for h in (m.register_forward_pre_hook(enter, with_kwargs=True),
+                                           m.register_forward_hook(leave, with_kwargs=True))]
+    handles.append(model.get_output_embeddings().register_forward_hook(lm_head_output))
+    batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+    count(batch, "before")  # the batch is held through the step (input_ids and labels are one tensor)
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    try:
+        # transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors
+        # cannot answer; profkit's batches are contiguous blocks, for which the answer is "none".
+        with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _TargetDevice(target, half):
+            loss = model(input_ids=batch, labels=batch).loss
+        del loss
+    finally:
+        for h in handles:
+            h.remove()
+    live_at_loss = sum(b for key, b in at_loss.items() if key not in seen)
+    return SavedForBackward(by_region["before"], [by_region.get(n, 0) for n in layer_order],
+                            sum(inputs.values()), by_region["after"], live_at_loss)
+
+
+# --------------------------------------------------------------------------- the estimate
+
+def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int = 1,
+             target: Target = "cuda", model_name: str = "") -> Estimate:
+    from profkit import workload
+
+    if method.kind != "train":
+        raise EstimateError(f"{method.name}: the estimator models training methods only (generation's KV cache "
+                            "and its batch-1 decoding are not modelled)")
+    if world_size < 1:
+        raise EstimateError(f"world size must be at least 1, got {world_size}")
+    if world_size > 1 and not method.zero_stage:
+        raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO method (plain data parallelism "
+                            "replicates everything; estimate with --world-size 1)")
+    half = torch.bfloat16 if target == "cuda" else workload.half_dtype("cpu")
+    model, quantized = workload.meta_model(method, config, half)
+    notes: list[str] = []
+    if target == "cuda":
+        notes.append("CUDA target: bf16 autocast and bf16 frozen weights (a GPU with bf16 support); flash "
+                     "attention where PyTorch would pick it")
+
+    # Parameters, counted once per tensor (tied embeddings are one tensor).
+    params = {"trainable": 0, "frozen": 0, "quantized": 0}
+    parts = {"parameters_trainable": 0, "parameters_frozen": 0, "parameters_quantized": 0}
+    trainable: list[torch.Tensor] = []
+    double_quant = workload.nf4_config(half).bnb_4bit_use_double_quant if quantized else False
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if name in quantized:
+            params["quantized"] += p.numel()
+            parts["parameters_quantized"] += nf4_bytes(tuple(p.shape), double_quant)
+        elif p.requires_grad:
+            params["trainable"] += p.numel()
+            parts["parameters_trainable"] += p.numel() * p.element_size()
+            trainable.append(p)
+        else:
+            params["frozen"] += p.numel()
+            parts["parameters_frozen"] += p.numel() * p.element_size()
+    parts["parameters_frozen"] += sum(b.numel() * b.element_size() for b in model.buffers())
+    if not trainable:
+        raise EstimateError(f"{method.name}: no trainable parameters in this model")
+
+    trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    largest = max(p.numel() * p.element_size() for p in trainable)
+    n_trainable = params["trainable"]
+    step_bytes = 4 if target == "cpu" else 0  # AdamW's step counter lives on the host for CUDA parameters
+    detail: dict[str, int] = {}
+    zero_persistent_grads = 0
+    backward_temporaries = 0
+    gathered: set[int] = set()
+    if method.zero_stage:
+        buffers = workload.zero_buffers(method.zero_stage)
+        part = math.ceil(n_trainable / world_size)
+        trainable_elem = trainable[0].element_size()
+        bucket = buffers["reduce_bucket_size"] * trainable_elem
+        detail["zero_fp32_master_partition"] = part * 4
+        optimizer_state = part * 4 * 3 + step_bytes
+        grads_partition = part * 4
+        if method.zero_stage == 3:
+            zero_persistent_grads = bucket
+            detail["zero3_reduce_bucket"] = bucket
+            # Stage 3 partitions every parameter above DeepSpeed's persistence threshold (small ones stay whole
+            # on every rank) and gathers it into a fresh buffer for each use. Measured on one rank: the decoder
+            # layers' weights are re-gathered each use, so what autograd saves of them is a copy; 4-bit weights
+            # and the (tied) embedding are not.
+            threshold = buffers["param_persistence_threshold"]
+            names = dict(model.named_parameters())
+            in_layers = {id(p) for m in _decoder_layers(model) for p in m.parameters()}
+            gathered = {id(p) for n, p in names.items()
+                        if p.numel() > threshold and n not in quantized and id(p) in in_layers}
+            for key, owner in (("parameters_trainable", lambda n, p: p.requires_grad and n not in quantized),
+                               ("parameters_frozen", lambda n, p: not p.requires_grad and n not in quantized)):
+                big = sum(p.numel() * p.element_size() for n, p in names.items() if owner(n, p) and id(p) in gathered)
+                parts[key] -= big - math.ceil(big / world_size)
+            if world_size > 1:
+                per_layer = max((sum(p.numel() * p.element_size() for p in m.parameters())
+                                 for m in _decoder_layers(model)), default=0)
+                gathered = min(per_layer + buffers["prefetch_bucket_size"] * 2, sum(parts.values()) * world_size)
+                detail["zero3_gathered_parameters"] = gathered
+                backward_temporaries += gathered
+        else:
+            detail["zero2_reduce_bucket"] = bucket
+            backward_temporaries += bucket
+        optimizer_grads = zero_persistent_grads + grads_partition
+        # DeepSpeed steps AdamW on one flat partition: the foreach path on CUDA makes one temporary of its
+        # size, the single-tensor path on CPU two.
+        optimizer_temporaries = part * 4 * (1 if target == "cuda" else 2)
+    else:
+        optimizer_state = 2 * trainable_bytes + step_bytes * len(trainable)
+        optimizer_grads = trainable_bytes
+        optimizer_temporaries = trainable_bytes if target == "cuda" else 2 * largest
+    detail["adamw_step_temporaries"] = optimizer_temporaries
+
+    saved = saved_for_backward(model, batch_size, seq_len, target, half, gathered)
+    checkpointing = method.gradient_checkpointing
+    forward_activations = saved.end_of_forward(checkpointing)
+    backward_activations = saved.during_backward(checkpointing)
+    detail.update(saved_before_layers=saved.before_layers, saved_per_layer_max=max(saved.layers),
+                  saved_layers_total=sum(saved.layers), saved_after_layers=saved.after_layers,
+                  layer_inputs=saved.layer_inputs, live_at_loss=saved.at_loss)
+    # The loss' backward starts with a gradient the size of the fp32 logits (transformers upcasts them).
+    logits_grad = batch_size * seq_len * config.vocab_size * 4
+    detail["logits_gradient"] = logits_grad
+
+    static = {**parts, "optimizer_state": optimizer_state}
+    instants = {
+        "forward": {**static, "gradients": zero_persistent_grads, "activations": forward_activations,
+                    "temporaries": 0},
+        "backward": {**static, "gradients": zero_persistent_grads, "activations": backward_activations,
+                     "temporaries": logits_grad + backward_temporaries},
+        "optimizer": {**static, "gradients": optimizer_grads, "activations": 0,
+                      "temporaries": optimizer_temporaries},
+    }
+    instants = {name: {c: int(v[c]) for c in CATEGORIES} for name, v in instants.items()}
+    settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
+                "model": model_name}
+    return Estimate(method.name, settings, instants, params, detail, notes)
+
+
+def estimate_run(method: Method, settings, target: Target, world_size: int = 1) -> Estimate:
+    """The estimate for what ``RunSettings`` describe (preset or local model, batch and length)."""
+    from profkit import workload
+
+    settings = settings.resolved()
+    return estimate(method, workload.model_config(settings), settings.batch_size, settings.seq_len, world_size,
+                    target, settings.model_path or settings.preset)
