@@ -378,3 +378,25 @@ def estimate_run(method: Method, settings, target: Target, world_size: int = 1) 
     settings = settings.resolved()
     return estimate(method, workload.model_config(settings), settings.batch_size, settings.seq_len, world_size,
                     target, settings.model_path or settings.preset)
+
+
+def estimate_methods(methods: list[Method], settings, target: Target, world_size: int = 1) -> list[Estimate]:
+    return [estimate_run(m, settings, target, world_size) for m in methods]
+
+
+def frame(estimates: list[Estimate]) -> "pd.DataFrame":
+    """Long format: method, instant, category, bytes; plus one ``peak`` row per method (at its peak instant)."""
+    import pandas as pd
+
+    rows = [{"method": e.method, "instant": instant, "category": c, "bytes": b}
+            for e in estimates for instant, cats in e.instants.items() for c, b in cats.items()]
+    rows += [{"method": e.method, "instant": e.peak_instant, "category": "peak", "bytes": e.peak_bytes}
+             for e in estimates]
+    return pd.DataFrame(rows, columns=["method", "instant", "category", "bytes"])
+
+
+def at_peak(estimates: list[Estimate]) -> "pd.DataFrame":
+    """Rows: categories and ``peak``; columns: methods; bytes at each method's predicted peak."""
+    import pandas as pd
+
+    return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes} for e in estimates})

@@ -57,6 +57,16 @@ def device_info(device: str) -> dict:
     return info
 
 
+def predict(method, settings: RunSettings, device: str) -> dict:
+    """The estimator's prediction for this run, or the reason there is none (it never fails the run)."""
+    from profkit.estimate import estimate_run
+
+    try:
+        return estimate_run(method, settings, device).to_json()
+    except Exception as exc:  # an estimate is advisory: a model it cannot handle still gets recorded
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _classify(exc: BaseException) -> str:
     import torch
 
@@ -93,6 +103,9 @@ def run(settings: RunSettings, run_dir: RunDir, events) -> str:
 
         device = resolve_device(settings.device)
         manifest["device"] = device_info(device)
+        if method.kind == "train":
+            # The prediction is made before the run, so an OOM or failed run still carries it.
+            manifest["estimate"] = predict(method, settings, device)
         workload = build(method, settings, device)
         manifest["model"] = {"preset": None if settings.model_path else settings.preset,
                              "path": settings.model_path, "config": workload.model.config.to_diff_dict()}

@@ -15,6 +15,7 @@ import pandas as pd
 from profkit import labels, store
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, load_timeline, phase_windows
+from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
 
@@ -49,6 +50,7 @@ class Breakdown:
     time: pd.DataFrame  # run, method, resource, category, phase, seconds (per profiled step)
     time_by_name: pd.DataFrame  # run, method, resource, category, name, seconds
     measured: pd.DataFrame  # run, method, phase, measured_peak_bytes, source
+    predicted: pd.DataFrame  # run, method, category, phase, predicted_bytes, measured_bytes, error
     problems: list[Problem] = field(default_factory=list)
     notes: dict[str, list[str]] = field(default_factory=dict)
     phase_windows: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # run -> phase -> ns
@@ -114,11 +116,11 @@ def _trace_run_name(path: Path) -> str:
 
 def breakdown(paths: list[Path | str]) -> Breakdown:
     sources, problems = discover([Path(p) for p in paths])
-    runs, memory, time, by_name, measured = [], [], [], [], []
+    runs, memory, time, by_name, measured, predicted = [], [], [], [], [], []
     notes: dict[str, list[str]] = {}
     windows: dict[str, dict] = {}
     for src in sources:
-        row, run_notes = _analyse(src, problems, memory, time, by_name, measured, windows)
+        row, run_notes = _analyse(src, problems, memory, time, by_name, measured, predicted, windows)
         runs.append(row)
         notes[src.run] = run_notes
     return Breakdown(
@@ -127,11 +129,13 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         time=pd.concat(time, ignore_index=True) if time else pd.DataFrame(columns=TIME_COLUMNS),
         time_by_name=pd.concat(by_name, ignore_index=True) if by_name else pd.DataFrame(),
         measured=pd.concat(measured, ignore_index=True) if measured else pd.DataFrame(),
+        predicted=pd.concat(predicted, ignore_index=True) if predicted else
+        pd.DataFrame(columns=["run", "method", *PREDICTED_COLUMNS]),
         problems=problems, notes=notes, phase_windows=windows,
     )
 
 
-def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measured,
+def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measured, predicted,
              windows: dict) -> tuple[dict, list[str]]:
     notes: list[str] = []
     row: dict = {"run": src.run, "path": str(src.path), "recorded_by_profkit": src.recorded}
@@ -179,6 +183,12 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]
         row["measured_peak_bytes"] = int(peak.iloc[0]) if len(peak) else None
         notes += m.notes
+        estimate = manifest.get("estimate") or {}
+        if "instants" in estimate:
+            row["predicted_peak_bytes"] = estimate["peak_bytes"]
+            predicted.append(predicted_vs_measured(estimate, m.rows, m.measured).assign(run=src.run, method=method))
+        elif "error" in estimate:
+            notes.append(f"no memory estimate: {estimate['error']}")
     except TraceError as exc:
         problems.append(Problem(exc.path, exc.reason))
     except ValueError as exc:

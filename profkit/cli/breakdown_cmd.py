@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -11,7 +10,7 @@ from rich.table import Table
 
 from profkit.analyze import Breakdown, breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.cli.common import fail_usage
+from profkit.cli.common import Format, fail_usage
 from profkit.report import tables
 from profkit.report.units import human_bytes, human_seconds
 
@@ -19,13 +18,6 @@ EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed 
           "are still shown); 2 bad arguments.")
 CATEGORY_WIDTH = 21
 RUN_COLUMN_WIDTH = 12
-
-
-class Format(str, Enum):
-    table = "table"
-    json = "json"
-    csv = "csv"
-    markdown = "markdown"
 
 
 def breakdown(
@@ -91,6 +83,16 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         for cat in mem.columns:
             t.add_row(cat, *[human_bytes(mem.loc[run, cat]) for run in chunk])
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
+        out.print(t)
+
+    cells = tables.predicted_cells(bd)
+    for chunk in _chunks([r for r in bd.runs.run if r in cells.columns], out.width // 2):
+        t = Table(title="Memory predicted by `profkit estimate` / measured (error)")
+        t.add_column("category (phase)", no_wrap=True)
+        for run in chunk:
+            t.add_column(run, justify="right", no_wrap=True)
+        for label, row in cells.iterrows():
+            t.add_row(label, *[row.get(run) if isinstance(row.get(run), str) else "-" for run in chunk])
         out.print(t)
 
     tim = tables.time_per_step(bd)

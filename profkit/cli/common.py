@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import NoReturn
 
 import typer
@@ -13,3 +14,10 @@ EXIT_USAGE = 2
 def fail_usage(message: str) -> NoReturn:
     Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False)
     raise typer.Exit(EXIT_USAGE)
+
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+    csv = "csv"
+    markdown = "markdown"

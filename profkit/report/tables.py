@@ -73,6 +73,25 @@ def deltas(bd: Breakdown, baseline: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run", "baseline", "kind", "category", "delta"])
 
 
+def predicted_cells(bd: Breakdown) -> pd.DataFrame:
+    """Rows: compared categories (with the phase they are compared at); columns: runs; cells:
+    "predicted / measured (error)" in human units."""
+    from profkit.report.units import human_bytes
+
+    p = bd.predicted
+    if p.empty:
+        return pd.DataFrame()
+    p = p.assign(label=p.category + " (" + p.phase + ")",
+                 cell=[f"{human_bytes(a)} / {human_bytes(b)} ({_error(e)})"
+                       for a, b, e in zip(p.predicted_bytes, p.measured_bytes, p.error)])
+    order = list(dict.fromkeys(p.label))
+    return p.pivot(index="label", columns="run", values="cell").reindex(order)
+
+
+def _error(error) -> str:
+    return "-" if error is None or (isinstance(error, float) and math.isnan(error)) else f"{error:+.1%}"
+
+
 def _clean(value):
     if isinstance(value, float) and math.isnan(value):
         return None
@@ -95,6 +114,10 @@ def to_records(bd: Breakdown) -> list[dict]:
             rec["memory_by_phase"] = {
                 phase: dict(zip(g.category, g.bytes.astype(int).tolist()))
                 for phase, g in bd.memory[bd.memory.run == run].groupby("phase")}
+        p = bd.predicted[bd.predicted.run == run]
+        if len(p):
+            rec["predicted_vs_measured"] = [
+                {k: _clean(v) for k, v in r.items() if k not in ("run", "method")} for r in p.to_dict("records")]
         t = bd.time[bd.time.run == run]
         if len(t):
             res = primary_resource(bd, run)
@@ -130,6 +153,9 @@ def to_markdown(bd: Breakdown, baseline: str | None = None) -> str:
     mem = memory_at(bd)
     if not mem.empty:
         parts.append("## Memory at the peak (MiB)\n\n" + mem.map(mib).T.to_markdown())
+    cells = predicted_cells(bd)
+    if not cells.empty:
+        parts.append("## Memory predicted / measured (error)\n\n" + cells.to_markdown())
     tim = time_per_step(bd)
     if not tim.empty:
         parts.append("## Time per profiled step (ms)\n\n" + tim.map(ms).T.to_markdown())

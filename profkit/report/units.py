@@ -43,3 +43,18 @@ def mib(n):
 
 def ms(s):
     return None if _missing(s) else round(float(s) * 1e3, 3)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'8GiB', '7.5 GB', '512MiB' or a plain byte count."""
+    import re
+
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else None
+    if not match or unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size; write e.g. 8GiB, 7.5GB or 512MiB")
+    return int(float(match.group(1)) * _UNITS[unit])

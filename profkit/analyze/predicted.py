@@ -1,0 +1,45 @@
+"""Predicted against measured: the estimate a run recorded in its manifest (``profkit.estimate``, made
+before the run) set beside the memory breakdown of the same run.
+
+Each category is compared where both sides mean the same instant: parameters and optimizer state (static)
+and activations at the forward phase's peak (the loss, where the logits are live beside everything saved
+for backward); gradients at the optimizer phase's peak (where every gradient exists). The measured peak is
+set beside the predicted peak too; it is shown, not held to a target: transients inside backward and the
+optimizer step, and the CUDA allocator's cache, are modelled roughly or not at all.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+PREDICTED_COLUMNS = ["category", "phase", "predicted_bytes", "measured_bytes", "error"]
+# category -> (the estimate's instant, the breakdown's phase)
+COMPARED = {
+    "parameters_trainable": ("forward", "forward"),
+    "parameters_frozen": ("forward", "forward"),
+    "parameters_quantized": ("forward", "forward"),
+    "optimizer_state": ("forward", "forward"),
+    "gradients": ("optimizer", "optimizer"),
+    "activations": ("forward", "forward"),
+}
+
+
+def predicted_vs_measured(estimate: dict, memory: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+    """Rows per compared category plus ``peak``; ``error`` is predicted / measured - 1 (None when measured
+    is 0 and so is the prediction's scale meaningless)."""
+    rows = []
+    for category, (instant, phase) in COMPARED.items():
+        got = memory[(memory.phase == phase) & (memory.category == category)].bytes
+        if got.empty:
+            continue
+        rows.append(_row(category, phase, estimate["instants"][instant][category], int(got.iloc[0])))
+    peak = measured[measured.phase == "peak"].measured_peak_bytes
+    if not peak.empty:
+        rows.append(_row("peak", "peak", estimate["peak_bytes"], int(peak.iloc[0])))
+    return pd.DataFrame(rows, columns=PREDICTED_COLUMNS)
+
+
+def _row(category: str, phase: str, predicted: int, measured: int) -> dict:
+    error = predicted / measured - 1 if measured else (0.0 if predicted == 0 else None)
+    return {"category": category, "phase": phase, "predicted_bytes": int(predicted), "measured_bytes": measured,
+            "error": error}

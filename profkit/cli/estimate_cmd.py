@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from profkit.cli.common import Format, fail_usage
+from profkit.methods import METHODS, Method, UnknownMethodError, resolve
+from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
+from profkit.report.units import human_bytes
+from profkit.settings import RunSettings
+
+EPILOG = "Exit codes: 0 estimated; 2 bad arguments (unknown method or preset, unreadable model, a method not modelled)."
+TRAINING = [m.name for m in METHODS.values() if m.kind == "train"]
+
+
+def workload_settings(preset: str, model: Optional[Path], batch_size: Optional[int], seq_len: Optional[int]) -> RunSettings:
+    """Validated settings for an estimate (shared with ``recommend``); exits 2 on bad input."""
+    try:
+        get_preset(preset)
+    except UnknownPresetError as exc:
+        fail_usage(str(exc))
+    if model is not None and not (model / "config.json").is_file():
+        fail_usage(f"--model {model}: not a readable Hugging Face checkpoint directory (no config.json)")
+    return RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
+                       batch_size=batch_size, seq_len=seq_len).resolved()
+
+
+def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int):
+    """The estimates, or exit 2 with the estimator's reason (a method or model it does not model)."""
+    from profkit.estimate import EstimateError, estimate_methods
+
+    if device not in ("cpu", "cuda"):
+        fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
+    try:
+        return estimate_methods(methods, settings, device, world_size)
+    except EstimateError as exc:
+        fail_usage(str(exc))
+    except (OSError, ValueError) as exc:  # transformers' errors for a config it cannot read or build
+        fail_usage(f"cannot build {settings.model_path or settings.preset} on the meta device: {exc}")
+
+
+def estimate(
+    methods: list[str] = typer.Argument(None, help=f"Training methods ({', '.join(TRAINING)}).", show_default=False),
+    all_methods: bool = typer.Option(False, "--all", help="Every training method."),
+    preset: str = typer.Option(DEFAULT_PRESET, help=f"Model preset ({', '.join(PRESETS)})."),
+    model: Optional[Path] = typer.Option(None, help="A local Hugging Face model directory (only config.json is read)."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Batch size (default: the preset's)."),
+    seq_len: Optional[int] = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+    world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO partitions across."),
+    device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+) -> None:
+    """Predict each memory category of training methods without running a step (the model is built on the
+    meta device: no weights, no memory)."""
+    try:
+        chosen = [m for m in resolve(methods or [], all_methods) if not all_methods or m.kind == "train"]
+    except UnknownMethodError as exc:
+        fail_usage(str(exc))
+    if not chosen:
+        fail_usage(f"name at least one method, or --all; training methods: {', '.join(TRAINING)}")
+    settings = workload_settings(preset, model, batch_size, seq_len)
+    estimates = run_estimates(chosen, settings, device, world_size)
+
+    from profkit.estimate import at_peak, frame
+
+    if fmt is Format.json:
+        typer.echo(json.dumps([e.to_json() for e in estimates], indent=2))
+    elif fmt is Format.csv:
+        typer.echo(frame(estimates).to_csv(index=False), nl=False)
+    elif fmt is Format.markdown:
+        table = at_peak(estimates).map(lambda b: f"{b / 2**20:,.1f}")
+        typer.echo("## Predicted memory at each method's peak (MiB)\n\n" + table.to_markdown() + "\n")
+    else:
+        _print(estimates, settings, device, world_size)
+
+
+def _print(estimates, settings: RunSettings, device: str, world_size: int) -> None:
+    from profkit.estimate import at_peak
+
+    out = Console()
+    table = at_peak(estimates)
+    caption = (f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, "
+               f"{device}" + (f", {world_size} ranks" if world_size > 1 else ""))
+    per = max(2, (out.width - 24) // 13)
+    for start in range(0, len(estimates), per):
+        chunk = estimates[start:start + per]
+        t = Table(title="Predicted memory at each method's peak", caption=caption)
+        t.add_column("category", no_wrap=True)
+        for e in chunk:
+            t.add_column(e.method, justify="right", no_wrap=True)
+        for category, row in table.iterrows():
+            label = "[bold]peak[/]" if category == "peak" else category
+            t.add_row(label, *[human_bytes(row[e.method]) for e in chunk])
+        t.add_row("[dim]peak at[/]", *[f"[dim]{e.peak_instant}[/]" for e in chunk])
+        out.print(t)
+    for note in dict.fromkeys(n for e in estimates for n in e.notes):
+        out.print(f"[dim]note: {note}[/]", highlight=False)
+    out.print("[dim]note: allocator overhead (CUDA's cached, unallocated blocks) is not predicted[/]", highlight=False)

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from profkit import recommend as ranking
+from profkit import store
+from profkit.cli.common import fail_usage
+from profkit.cli.estimate_cmd import run_estimates, workload_settings
+from profkit.methods import METHODS
+from profkit.presets import DEFAULT_PRESET, PRESETS
+from profkit.report.units import human_bytes, human_seconds, parse_bytes
+from profkit.settings import RunSettings
+
+EXIT_NOTHING_FITS = 1
+EPILOG = (f"Exit codes: 0 at least one method fits; {EXIT_NOTHING_FITS} nothing fits the budget (the closest are "
+          "shown); 2 bad arguments.")
+
+
+def recommend(
+    path: Optional[Path] = typer.Argument(None, help="Recorded runs (traces/): rank by measured peak and step time."),
+    budget: str = typer.Option(..., help="Memory budget, e.g. 8GiB, 7.5GB, 512MiB."),
+    preset: str = typer.Option(DEFAULT_PRESET, help=f"Without runs: model preset ({', '.join(PRESETS)})."),
+    model: Optional[Path] = typer.Option(None, help="Without runs: a local Hugging Face model directory."),
+    batch_size: Optional[int] = typer.Option(None, min=1, help="Without runs: batch size."),
+    seq_len: Optional[int] = typer.Option(None, min=1, help="Without runs: sequence length."),
+    device: str = typer.Option("cuda", help="Without runs: the target, cuda or cpu."),
+) -> None:
+    """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
+    otherwise by the estimate. Methods without a run are estimated with the runs' own model and sizes."""
+    try:
+        budget_bytes = parse_bytes(budget)
+    except ValueError as exc:
+        fail_usage(f"--budget: {exc}")
+    measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
+    settings, target = (_settings_of_runs(path) if not measured.empty
+                        else (workload_settings(preset, model, batch_size, seq_len), device))
+    missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
+    estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [])
+    ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
+    _print(ranked, budget_bytes, settings, target)
+    if not ranked.fits.any():
+        raise typer.Exit(EXIT_NOTHING_FITS)
+
+
+def _training_runs(path: Path):
+    from profkit.analyze import breakdown
+
+    if not path.exists():
+        fail_usage(f"{path}: no such file or directory")
+    bd = breakdown([path])
+    for problem in bd.problems:
+        Console(stderr=True).print(f"[yellow]warning:[/] {problem}", highlight=False)
+    runs = bd.runs
+    if runs.empty:
+        return runs
+    return runs[runs.method.map(lambda m: getattr(METHODS.get(m), "kind", None) == "train")]
+
+
+def _settings_of_runs(path: Path) -> tuple[RunSettings, str]:
+    """The model, sizes and device the recorded runs used, so that estimates compare with them."""
+    for run_dir in sorted(p for p in ([path] if store.is_run_dir(path) else path.iterdir()) if store.is_run_dir(p)):
+        manifest = store.RunDir(run_dir).read_manifest()
+        if manifest.get("status") == "ok" and manifest.get("run_settings"):
+            return RunSettings.from_json(manifest["run_settings"]), (manifest.get("device") or {}).get("type", "cpu")
+    fail_usage(f"{path}: no completed run to take the model and sizes from")
+
+
+def _print(ranked, budget_bytes: int, settings: RunSettings, target: str) -> None:
+    out = Console()
+    fits = ranked[ranked.fits]
+    table = Table(title=f"Training methods within {human_bytes(budget_bytes)}: "
+                        f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, {target}")
+    for col in ("rank", "method", "peak memory", "step time", "tokens/s", "source"):
+        table.add_column(col, justify="right" if col not in ("method", "source") else "left")
+    shown = fits if not fits.empty else ranked.head(3)
+    for i, r in enumerate(shown.itertuples(), 1):
+        table.add_row(str(i) if r.fits else "-", r.method, human_bytes(r.peak_bytes), human_seconds(r.step_time_s),
+                      f"{r.tokens_per_s:,.0f}" if r.tokens_per_s == r.tokens_per_s and r.tokens_per_s is not None else "-",
+                      "measured" if r.source == "measured" else "estimated (no run)")
+    if fits.empty:
+        out.print(f"[red]Nothing fits {human_bytes(budget_bytes)}.[/] The closest:", highlight=False)
+    out.print(table)
+    if (shown.source == "estimated").any():
+        out.print("[dim]estimated: predicted peak from `profkit estimate` (no step time without a run: among those, "
+                  "the larger peak, i.e. fewer memory-saving measures, comes first); record them to rank by speed[/]",
+                  highlight=False)
+    if (shown.source == "measured").any():
+        out.print("[dim]measured: peak from `profkit breakdown`, clean step time from the recording[/]", highlight=False)
