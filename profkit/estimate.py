@@ -319,19 +319,21 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
             # and the (tied) embedding are not.
             threshold = buffers["param_persistence_threshold"]
             names = dict(model.named_parameters())
+            partitioned = {id(p) for n, p in names.items() if p.numel() > threshold and n not in quantized}
             in_layers = {id(p) for m in _decoder_layers(model) for p in m.parameters()}
-            gathered = {id(p) for n, p in names.items()
-                        if p.numel() > threshold and n not in quantized and id(p) in in_layers}
+            gathered = partitioned & in_layers
             for key, owner in (("parameters_trainable", lambda n, p: p.requires_grad and n not in quantized),
                                ("parameters_frozen", lambda n, p: not p.requires_grad and n not in quantized)):
-                big = sum(p.numel() * p.element_size() for n, p in names.items() if owner(n, p) and id(p) in gathered)
+                big = sum(p.numel() * p.element_size() for n, p in names.items()
+                          if owner(n, p) and id(p) in partitioned)
                 parts[key] -= big - math.ceil(big / world_size)
             if world_size > 1:
                 per_layer = max((sum(p.numel() * p.element_size() for p in m.parameters())
                                  for m in _decoder_layers(model)), default=0)
-                gathered = min(per_layer + buffers["prefetch_bucket_size"] * 2, sum(parts.values()) * world_size)
-                detail["zero3_gathered_parameters"] = gathered
-                backward_temporaries += gathered
+                # One layer gathered whole, plus DeepSpeed's prefetch bucket (elements, bf16).
+                in_flight = min(per_layer + buffers["prefetch_bucket_size"] * 2, sum(parts.values()) * world_size)
+                detail["zero3_gathered_parameters"] = in_flight
+                backward_temporaries += in_flight
         else:
             detail["zero2_reduce_bucket"] = bucket
             backward_temporaries += bucket

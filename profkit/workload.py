@@ -366,7 +366,12 @@ def _init_single_process_group(device: str) -> None:
 def zero_buffers(stage: int) -> dict[str, int]:
     """The ZeRO settings that size DeepSpeed's buffers, as profkit runs it: DeepSpeed's own defaults (no
     overrides, so what users get), read from DeepSpeed's config class rather than restated here."""
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    import contextlib
+    import sys
+
+    # DeepSpeed's logger writes to the stdout it finds at import; keep it off a command's JSON or CSV output.
+    with contextlib.redirect_stdout(sys.stderr):
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
     config = DeepSpeedZeroConfig(stage=stage)
     return {"reduce_bucket_size": int(config.reduce_bucket_size),

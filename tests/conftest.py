@@ -33,3 +33,16 @@ def matrix(tmp_path_factory) -> Path:
     result = run_cli("record", "--all", *FAST, "-o", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_training(tmp_path_factory) -> Path:
+    """Every training method on the default ``tiny`` preset: the estimator's accuracy targets are set there."""
+    from profkit.methods import METHODS
+
+    out = tmp_path_factory.mktemp("tiny") / "traces"
+    training = [name for name, m in METHODS.items() if m.kind == "train"]
+    result = run_cli("record", *training, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1",
+                     "--steps", "1", "--profiled-steps", "1", "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
