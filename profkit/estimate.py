@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import pandas as pd
 import torch
 
 from profkit.methods import Method
@@ -386,10 +387,8 @@ def estimate_methods(methods: list[Method], settings, target: Target, world_size
     return [estimate_run(m, settings, target, world_size) for m in methods]
 
 
-def frame(estimates: list[Estimate]) -> "pd.DataFrame":
+def frame(estimates: list[Estimate]) -> pd.DataFrame:
     """Long format: method, instant, category, bytes; plus one ``peak`` row per method (at its peak instant)."""
-    import pandas as pd
-
     rows = [{"method": e.method, "instant": instant, "category": c, "bytes": b}
             for e in estimates for instant, cats in e.instants.items() for c, b in cats.items()]
     rows += [{"method": e.method, "instant": e.peak_instant, "category": "peak", "bytes": e.peak_bytes}
@@ -397,8 +396,6 @@ def frame(estimates: list[Estimate]) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=["method", "instant", "category", "bytes"])
 
 
-def at_peak(estimates: list[Estimate]) -> "pd.DataFrame":
+def at_peak(estimates: list[Estimate]) -> pd.DataFrame:
     """Rows: categories and ``peak``; columns: methods; bytes at each method's predicted peak."""
-    import pandas as pd
-
     return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes} for e in estimates})

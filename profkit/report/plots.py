@@ -10,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 
 from profkit import store  # noqa: E402
 from profkit.analyze import Breakdown  # noqa: E402
@@ -144,3 +145,16 @@ def pareto(bd: Breakdown, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def estimate_bars(at_peak: pd.DataFrame, path: Path, reference: dict[str, float] | None = None,
+                  reference_label: str = "reference") -> Path:
+    """Predicted memory at each method's peak, stacked by category (GB); ``reference`` peaks (bytes) as marks."""
+    frame = at_peak.drop(index="peak").T
+
+    def mark(ax):
+        if reference:
+            names = [m for m in frame.index if m in reference]
+            ax.scatter(names, [reference[m] / 1e9 for m in names], color="black", marker="_", s=400,
+                       linewidths=3, zorder=3, label=reference_label)
+    return _bar_chart(frame, 1e9, "GB", "Predicted memory at each method's peak", path, annotate=mark)
