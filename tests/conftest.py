@@ -43,6 +43,6 @@ def tiny_training(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny") / "traces"
     training = [name for name, m in METHODS.items() if m.kind == "train"]
     result = run_cli("record", *training, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1",
-                     "--steps", "1", "--profiled-steps", "1", "-o", str(out))
+                     "--steps", "1", "--profiled-steps", "1", "-o", str(out), timeout=1800)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
