@@ -33,9 +33,16 @@ def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
+def _terminal_session() -> None:
+    """A session of its own with SIGINT at its default: started from a background job, SIGINT would be
+    inherited as ignored and the Ctrl-C that stops ``profkit view`` would never arrive."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_view(traces: Path) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "profkit", "view", str(traces)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_session)
     deadline = time.time() + 180
     while time.time() < deadline:
         line = proc.stderr.readline()

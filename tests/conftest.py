@@ -4,6 +4,7 @@ through the real CLI (each method in its own subprocess), exactly as a user woul
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,14 @@ DATA = Path(__file__).parent / "data"
 GPU_TRACES = DATA / "gpu-traces"
 # Few steps: the tests check what was written, not how fast.
 FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "2", "--profiled-steps", "1"]
+
+
+def terminal_session() -> None:
+    """``preexec_fn`` for a CLI the tests stop with Ctrl-C: a session of its own, like a terminal's, and
+    SIGINT at its default. A shell that starts a job in the background (``make test &``) ignores SIGINT, and
+    an ignored SIGINT is inherited across exec, so Python would never raise KeyboardInterrupt."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:

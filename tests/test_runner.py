@@ -14,15 +14,15 @@ import psutil
 import pytest
 
 from profkit import store
-from tests.conftest import FAST, run_cli
+from tests.conftest import FAST, run_cli, terminal_session
 
 LONG = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "100000"]
 
 
 def start_record(out: Path, *args: str) -> subprocess.Popen:
-    # A session of its own, like a terminal: Ctrl-C reaches the CLI and its worker together.
+    # Ctrl-C reaches the CLI and its worker together, as in a terminal.
     return subprocess.Popen([sys.executable, "-m", "profkit", "record", *args, "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=terminal_session)
 
 
 def wait_for_worker_steps(out: Path, proc: subprocess.Popen, timeout: float = 120) -> psutil.Process:

@@ -12,6 +12,7 @@ import urllib.request
 import psutil
 
 from profkit.methods import METHODS
+from tests.conftest import terminal_session
 
 
 def get(url: str):
@@ -21,7 +22,7 @@ def get(url: str):
 
 def test_view_lists_every_method_and_scalars(matrix):
     proc = subprocess.Popen([sys.executable, "-m", "profkit", "view", str(matrix)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=terminal_session)
     try:
         url = None
         deadline = time.time() + 180
