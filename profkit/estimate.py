@@ -36,11 +36,12 @@ from typing import Literal
 import pandas as pd
 import torch
 
+from profkit.analyze.memory import MEMORY_CATEGORIES
 from profkit.methods import Method
 
 Target = Literal["cpu", "cuda"]
-CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "gradients",
-              "optimizer_state", "activations", "temporaries")
+# The breakdown's categories, less the two only a measurement has.
+CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
 INSTANTS = ("forward", "backward", "optimizer")
 NF4_BLOCK = 64  # bitsandbytes' default 4-bit blocksize, which transformers' BitsAndBytesConfig keeps
 NF4_NESTED_BLOCK = 256  # blocksize of double quantization's second level
@@ -86,10 +87,6 @@ def nf4_bytes(shape: tuple[int, ...], double_quant: bool) -> int:
         return packed + blocks * 4 + code
     nested_blocks = math.ceil(blocks / NF4_NESTED_BLOCK)
     return packed + blocks + 4 + nested_blocks * 4 + 256 * 4 + code
-
-
-def _elem(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 # --------------------------------------------------------------------------- activations

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from profkit.analyze import Breakdown, breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.cli.common import Format, fail_usage
+from profkit.cli.common import Format, chunks, fail_usage
 from profkit.report import tables
 from profkit.report.units import human_bytes, human_seconds
 
@@ -52,12 +52,6 @@ def breakdown(
         raise typer.Exit(1)
 
 
-def _chunks(items: list[str], width: int) -> list[list[str]]:
-    """Runs per table so that each table fits the terminal."""
-    per = max(2, (width - CATEGORY_WIDTH - 4) // (RUN_COLUMN_WIDTH + 3))
-    return [items[i:i + per] for i in range(0, len(items), per)] or [[]]
-
-
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:
     if bd.runs.empty:
         return
@@ -75,7 +69,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     mem = tables.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
-    for chunk in _chunks([r for r in bd.runs.run if r in mem.index], out.width):
+    for chunk in chunks([r for r in bd.runs.run if r in mem.index], out.width):
         t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
@@ -86,7 +80,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         out.print(t)
 
     cells = tables.predicted_cells(bd)
-    for chunk in _chunks([r for r in bd.runs.run if r in cells.columns], out.width // 2):
+    for chunk in chunks([r for r in bd.runs.run if r in cells.columns], out.width // 2):
         t = Table(title="Memory predicted by `profkit estimate` / measured (error)")
         t.add_column("category (phase)", no_wrap=True)
         for run in chunk:
@@ -96,7 +90,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         out.print(t)
 
     tim = tables.time_per_step(bd)
-    for chunk in _chunks([r for r in bd.runs.run if r in tim.index], out.width):
+    for chunk in chunks([r for r in bd.runs.run if r in tim.index], out.width):
         t = Table(title="Time per profiled step (CPU runs: op self time; GPU runs: kernel time and idle)")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:

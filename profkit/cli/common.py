@@ -21,3 +21,9 @@ class Format(str, Enum):
     json = "json"
     csv = "csv"
     markdown = "markdown"
+
+
+def chunks(items: list, width: int, label_width: int = 21, column_width: int = 12) -> list[list]:
+    """Columns per table so that each table fits the terminal."""
+    per = max(2, (width - label_width - 4) // (column_width + 3))
+    return [items[i:i + per] for i in range(0, len(items), per)] or [[]]

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from profkit.cli.common import Format, fail_usage
+from profkit.cli.common import Format, chunks, fail_usage
 from profkit.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
 from profkit.report.units import human_bytes
@@ -86,9 +86,7 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
     table = at_peak(estimates)
     caption = (f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, "
                f"{device}" + (f", {world_size} ranks" if world_size > 1 else ""))
-    per = max(2, (out.width - 24) // 13)
-    for start in range(0, len(estimates), per):
-        chunk = estimates[start:start + per]
+    for chunk in chunks(estimates, out.width):
         t = Table(title="Predicted memory at each method's peak", caption=caption)
         t.add_column("category", no_wrap=True)
         for e in chunk:
