@@ -1,3 +1,18 @@
-"""profkit: measure where the memory and the time of LLM fine-tuning and serving methods go."""
+"""profkit: measure where the memory and the time of LLM fine-tuning and serving methods go.
+
+``profkit.Session`` records a user's own training loop; ``profkit.TrainerCallback`` a Hugging Face Trainer's.
+Both are imported on first use, so that ``import profkit`` (and the CLI) does not load torch or transformers.
+"""
 
 __version__ = "0.1.0"
+__all__ = ["Session", "TrainerCallback"]
+
+
+def __getattr__(name: str):
+    if name == "Session":
+        from profkit.session import Session
+        return Session
+    if name == "TrainerCallback":
+        from profkit.hf import TrainerCallback
+        return TrainerCallback
+    raise AttributeError(f"module 'profkit' has no attribute {name!r}")

@@ -14,7 +14,8 @@ quantizes. From it:
   autograd saves for backward, once per storage, attributed to the decoder layer that saved it. Without
   gradient checkpointing that is what is held at the end of forward. With it, only what lies outside the
   checkpointed layers is saved, plus each layer's inputs; during backward one layer is recomputed at a time.
-- ZeRO's buffers are DeepSpeed's defaults (``workload.zero_buffers``), and what ZeRO partitions across
+- ZeRO's buffers are DeepSpeed's defaults, or for the Trainer engine Hugging Face's "auto" sizes
+  (``workload.zero_buffers``), and what ZeRO partitions across
   ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too.
 
 Two things the meta device does not do as the target device would, so they are set here (the reason for
@@ -250,7 +251,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, hal
 # --------------------------------------------------------------------------- the estimate
 
 def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int = 1,
-             target: Target = "cuda", model_name: str = "") -> Estimate:
+             target: Target = "cuda", model_name: str = "", engine: str = "loop") -> Estimate:
     from profkit import workload
 
     if method.kind != "train":
@@ -301,7 +302,7 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
     backward_temporaries = 0
     gathered: set[int] = set()
     if method.zero_stage:
-        buffers = workload.zero_buffers(method.zero_stage)
+        buffers = workload.zero_buffers(method.zero_stage, config, engine)
         part = math.ceil(n_trainable / world_size)
         trainable_elem = trainable[0].element_size()
         bucket = buffers["reduce_bucket_size"] * trainable_elem
@@ -377,7 +378,7 @@ def estimate_run(method: Method, settings, target: Target, world_size: int = 1) 
 
     settings = settings.resolved()
     return estimate(method, workload.model_config(settings), settings.batch_size, settings.seq_len, world_size,
-                    target, settings.model_path or settings.preset)
+                    target, settings.model_path or settings.preset, settings.engine)
 
 
 def estimate_methods(methods: list[Method], settings, target: Target, world_size: int = 1) -> list[Estimate]:

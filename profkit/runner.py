@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from profkit import store
+from profkit.manifest import RunRecord, new_record
 from profkit.methods import Method
 from profkit.settings import RunSettings
 
@@ -29,7 +30,7 @@ class Outcome:
     status: str
     reason: str | None
     path: Path
-    manifest: dict
+    record: RunRecord
 
 
 class Observer(Protocol):
@@ -63,7 +64,7 @@ def record(methods: list[Method], base: RunSettings, root: Path, observer: Obser
 
 
 def record_one(method: Method, settings: RunSettings, root: Path, observer: Observer) -> Outcome:
-    partial = store.new_partial(root, method.name)
+    partial = store.new_partial(root, settings.run)
     read_fd, write_fd = os.pipe()
     cmd = [sys.executable, "-m", "profkit.worker", "--run-dir", str(partial.path),
            "--settings", json.dumps(settings.to_json()), "--events-fd", str(write_fd)]
@@ -94,15 +95,17 @@ def record_one(method: Method, settings: RunSettings, root: Path, observer: Obse
             proc.kill()
             proc.wait()
 
-    if not partial.manifest.exists():
-        partial.write_manifest(_manifest_for_dead_worker(method, settings, proc.returncode, interrupted, partial))
-    manifest = partial.read_manifest()
-    final = store.commit(partial, root, method.name)
-    return Outcome(method.name, manifest["status"], manifest.get("reason"), final.path, manifest)
+    try:
+        record = partial.read_record()
+    except store.ManifestError:  # the worker died before writing it, or while writing it
+        record = _record_for_dead_worker(method, settings, proc.returncode, interrupted, partial)
+        partial.write_manifest(record.to_json())
+    final = store.commit(partial, root, settings.run)
+    return Outcome(method.name, record.status, record.reason, final.path, record)
 
 
-def _manifest_for_dead_worker(method: Method, settings: RunSettings, returncode: int, interrupted: bool,
-                              partial: store.RunDir) -> dict:
+def _record_for_dead_worker(method: Method, settings: RunSettings, returncode: int, interrupted: bool,
+                            partial: store.RunDir) -> RunRecord:
     if interrupted:
         status, reason = "interrupted", "stopped before the worker could write its manifest"
     elif returncode is not None and returncode < 0:
@@ -111,6 +114,7 @@ def _manifest_for_dead_worker(method: Method, settings: RunSettings, returncode:
         status, reason = "failed", f"worker killed by {sig}{hint}; see {store.LOG}"
     else:
         status, reason = "failed", f"worker exited with code {returncode} without a manifest; see {store.LOG}"
-    return {"schema_version": store.SCHEMA_VERSION, "run": method.name, "method": method.name, "kind": method.kind,
-            "settings": method.settings(), "run_settings": settings.to_json(), "status": status, "reason": reason,
-            "files": sorted(p.name for p in partial.path.iterdir())}
+    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
+                        run_settings=settings.to_json(), status=status, reason=reason)
+    record.files = sorted(p.name for p in partial.path.iterdir())
+    return record

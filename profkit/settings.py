@@ -23,12 +23,19 @@ class RunSettings:
     profiled_steps: int = 2  # active steps of the time-profiling cycle
     memory_steps: int = 1  # active steps of the memory-profiling cycle
     seed: int = 0
+    engine: str = "loop"  # loop: profkit's own training loop; trainer: transformers.Trainer with profkit's callback
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""
         p = get_preset(self.preset)
         return replace(self, batch_size=self.batch_size or p.batch_size, seq_len=self.seq_len or p.seq_len,
                        max_new_tokens=self.max_new_tokens or p.max_new_tokens)
+
+    @property
+    def run(self) -> str:
+        """The run's directory name: the method, and the engine when it is not profkit's own loop, so that both
+        engines' runs of one method sit side by side."""
+        return self.method if self.engine == "loop" else f"{self.method}-{self.engine}"
 
     def to_json(self) -> dict:
         return asdict(self)

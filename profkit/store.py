@@ -8,7 +8,8 @@ Layout (one TensorBoard run per method; the two profiling cycles are its two wor
     traces/<run>/memory_timeline.raw.json.gz  the profiler's categorized memory timeline
     traces/<run>/memory_snapshot.pickle       CUDA allocator history (open in pytorch.org/memory_viz)
     traces/<run>/oom_snapshot.pickle          CUDA allocator state at an out-of-memory error
-    traces/<run>/record.log                   the run's own output
+    traces/<run>/record.log                   the run's own output (profkit record)
+    traces/<run>/profiler.log                 what the profiler's native code printed
 
 A run is recorded into ``traces/.<run>.partial-<pid>/`` and renamed into place by ``commit``; a
 directory without a manifest, or under a partial name, is never a complete run.
@@ -23,6 +24,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from profkit import manifest
+from profkit.manifest import ManifestError, RunRecord
+
 MANIFEST = "manifest.json"
 TIME_TRACE = "time.pt.trace.json.gz"
 MEMORY_TRACE = "memory.pt.trace.json.gz"
@@ -30,12 +34,11 @@ MEMORY_TIMELINE = "memory_timeline.raw.json.gz"
 CUDA_SNAPSHOT = "memory_snapshot.pickle"
 OOM_SNAPSHOT = "oom_snapshot.pickle"
 LOG = "record.log"
+PROFILER_LOG = "profiler.log"
 PARTIAL_MARK = ".partial-"
 ATTEMPTS_DIR = ".attempts"
 DEFAULT_ROOT = Path("traces")
 
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "oom", "failed", "unsupported", "interrupted")
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,16 @@ class RunDir:
     def log(self) -> Path:
         return self.path / LOG
 
-    def read_manifest(self) -> dict:
-        return json.loads(self.manifest.read_text())
+    @property
+    def profiler_log(self) -> Path:
+        return self.path / PROFILER_LOG
 
-    def write_manifest(self, manifest: dict) -> None:
-        write_json_atomic(self.manifest, manifest)
+    def read_record(self) -> RunRecord:
+        """The run's typed manifest; raises ``ManifestError`` naming the file if it cannot be read."""
+        return manifest.read(self.manifest)
+
+    def write_manifest(self, data: dict) -> None:
+        write_json_atomic(self.manifest, data)
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -98,28 +106,51 @@ def commit(partial: RunDir, root: Path, run: str) -> RunDir:
     interrupted) takes the run's place only if there is no complete run there to lose; otherwise it is
     kept under ``.attempts/`` and the complete run stays.
     """
-    status = partial.read_manifest()["status"]
+    status = partial.read_record().status
     target = root / run
-    if status != "ok" and is_complete(target):
-        attempts = root / ATTEMPTS_DIR
-        attempts.mkdir(exist_ok=True)
-        dest = attempts / f"{run}-{time.strftime('%Y%m%d-%H%M%S')}-{status}"
-        os.replace(partial.path, dest)
-        return RunDir(dest)
-    old = None
-    if target.exists():
-        old = root / f".{run}.old-{os.getpid()}-{time.time_ns()}"
-        os.replace(target, old)
-    os.replace(partial.path, target)
-    if old:
-        shutil.rmtree(old, ignore_errors=True)
-    return RunDir(target)
+    if target.exists() and not is_run_dir(target) and any(target.iterdir()):
+        raise NotARunError(target)
+    while True:  # another session may commit the same run at the same moment: retry until ours is in place
+        if status != "ok" and is_complete(target):
+            attempts = root / ATTEMPTS_DIR
+            attempts.mkdir(exist_ok=True)
+            dest = attempts / f"{run}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{status}"
+            os.replace(partial.path, dest)
+            return RunDir(dest)
+        old = None
+        if target.exists():
+            old = root / f".{run}.old-{os.getpid()}-{time.time_ns()}"
+            try:
+                os.replace(target, old)
+            except FileNotFoundError:
+                old = None
+        try:
+            os.replace(partial.path, target)
+        except OSError:  # the target reappeared between the two renames
+            if old:
+                shutil.rmtree(old, ignore_errors=True)
+            continue
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+        return RunDir(target)
+
+
+class NotARunError(OSError):
+    def __init__(self, path: Path):
+        super().__init__(f"{path} exists and is not a profkit run directory (no {MANIFEST}); choose another path "
+                         "so that nothing in it is replaced")
+
+
+def check_target(path: Path) -> None:
+    """Raise ``NotARunError`` before recording if committing to ``path`` would have to replace a user's files."""
+    if path.exists() and (not path.is_dir() or (not is_run_dir(path) and any(path.iterdir()))):
+        raise NotARunError(path)
 
 
 def is_complete(path: Path) -> bool:
     try:
-        return RunDir(path).read_manifest().get("status") == "ok"
-    except (OSError, ValueError):
+        return RunDir(path).read_record().complete
+    except ManifestError:
         return False
 
 

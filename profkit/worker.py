@@ -1,60 +1,24 @@
 """One method, recorded in a fresh process (``python -m profkit.worker``), so allocator state and peaks
 never leak between methods. The parent (``profkit.runner``) passes the settings, a partial run
-directory and a pipe for progress events; this process writes traces and the manifest there and
-exits with a code that names the outcome. Library chatter goes to the run's log, not the pipe."""
+directory and a pipe for progress events; this process builds the workload, steps a ``profkit.Session``
+over it, and exits with a code that names the outcome. Library chatter goes to the run's log, not the pipe."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
 import signal
-import subprocess
 import sys
-import time
 import traceback
-from importlib import metadata
 from pathlib import Path
 
+from profkit.manifest import RunRecord, new_record, now
 from profkit.methods import get_method
 from profkit.settings import RunSettings
-from profkit.store import SCHEMA_VERSION, RunDir
+from profkit.store import RunDir
 
-EXIT_CODES = {"ok": 0, "failed": 1, "unsupported": 3, "oom": 4, "interrupted": 130}
-LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "datasets", "accelerate", "profkit")
-
-
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for lib in LIBRARIES:
-        try:
-            out[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            out[lib] = None
-    return out
-
-
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                              text=True, timeout=5, check=True).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def device_info(device: str) -> dict:
-    import torch
-
-    info = {"type": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform()}
-    if device == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        info.update(name=props.name, total_memory=props.total_memory, cuda=torch.version.cuda,
-                    capability=f"{props.major}.{props.minor}")
-    else:
-        info["name"] = platform.processor() or platform.machine()
-    return info
+EXIT_CODES = {"ok": 0, "failed": 1, "unsupported": 3, "oom": 4, "incomplete": 5, "interrupted": 130}
 
 
 def predict(method, settings: RunSettings, device: str) -> dict:
@@ -67,20 +31,6 @@ def predict(method, settings: RunSettings, device: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def _classify(exc: BaseException) -> str:
-    import torch
-
-    from profkit.workload import UnsupportedError
-
-    if isinstance(exc, UnsupportedError):
-        return "unsupported"
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    return "failed"
-
-
 def run(settings: RunSettings, run_dir: RunDir, events) -> str:
     def emit(**event) -> None:
         events.write(json.dumps(event) + "\n")
@@ -88,45 +38,55 @@ def run(settings: RunSettings, run_dir: RunDir, events) -> str:
 
     method = get_method(settings.method)
     settings = settings.resolved()
-    manifest: dict = {
-        "schema_version": SCHEMA_VERSION, "run": method.name, "method": method.name, "kind": method.kind,
-        "settings": method.settings(), "run_settings": settings.to_json(), "status": "interrupted",
-        "reason": None, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(),
-        "git_commit": git_commit(), "pid": os.getpid(),
-    }
+    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
+                        run_settings=settings.to_json())
     emit(event="start", total_steps=settings.total_steps)
-    recorder = None
-    t0 = time.perf_counter()
+    sessions: list = []
     try:
-        from profkit.recorder import Recorder
+        from profkit import describe
+        from profkit.session import Session, device_info
         from profkit.workload import build, resolve_device
 
         device = resolve_device(settings.device)
-        manifest["device"] = device_info(device)
+        record.device = device_info(device)
         if method.kind == "train":
             # The prediction is made before the run, so an OOM or failed run still carries it.
-            manifest["estimate"] = predict(method, settings, device)
+            record.estimate = predict(method, settings, device)
         workload = build(method, settings, device)
-        manifest["model"] = {"preset": None if settings.model_path else settings.preset,
-                             "path": settings.model_path, "config": workload.model.config.to_diff_dict()}
-        recorder = Recorder(run_dir, settings, lambda phase: emit(event="step", phase=phase),
-                            {"profkit": {"run": method.name, "method": method.name}})
-        recorder.record(workload)
-        manifest["status"] = "ok"
+
+        def make_session(model, optimizer) -> Session:
+            record.model = {"preset": None if settings.model_path else settings.preset, "path": settings.model_path,
+                            **describe.model_info(describe.unwrap(model, optimizer))}
+            sessions.append(Session(run_dir.path, model, optimizer, warmup_steps=settings.warmup_steps,
+                                    timed_steps=settings.timed_steps, profiled_steps=settings.profiled_steps,
+                                    memory_steps=settings.memory_steps, tokens_per_step=workload.tokens_per_step,
+                                    progress=lambda phase: emit(event="step", phase=phase), record=record,
+                                    commit=False))
+            return sessions[-1]
+
+        workload.run(make_session)
+        if not sessions:
+            raise RuntimeError(f"the {settings.engine} engine ended without starting a profiling session")
+        sessions[-1].close()  # the Trainer closes it at the end of training; a no-op then
     except BaseException as exc:  # every outcome, including Ctrl-C, is recorded with its status
-        manifest["status"] = _classify(exc)
-        manifest["reason"] = f"{type(exc).__name__}: {exc}".strip()
-        if manifest["status"] == "failed":
+        from profkit.session import classify
+
+        if sessions:
+            sessions[-1].close(exc)  # a no-op if it was closed already
+        else:  # failed before a session started: nothing has written the record yet
+            record.status, record.reason = classify(exc), f"{type(exc).__name__}: {exc}".strip()
+            _write(record, run_dir)
+        if record.status == "failed":
             traceback.print_exc()
     finally:
-        if recorder is not None:
-            manifest.update(recorder.results)
-        manifest["wall_s"] = time.perf_counter() - t0
-        manifest["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        manifest["files"] = sorted(p.name for p in run_dir.path.iterdir() if not p.name.startswith("."))
-        run_dir.write_manifest(manifest)
-        emit(event="end", status=manifest["status"], reason=manifest["reason"])
-    return manifest["status"]
+        emit(event="end", status=record.status, reason=record.reason)
+    return record.status
+
+
+def _write(record: RunRecord, run_dir: RunDir) -> None:
+    record.finished_at = now()
+    record.files = sorted(p.name for p in run_dir.path.iterdir() if not p.name.startswith("."))
+    run_dir.write_manifest(record.to_json())
 
 
 def _interrupt(signum, frame) -> None:

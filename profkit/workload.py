@@ -1,7 +1,7 @@
 """The workload: model, data, optimizer and one step of each method.
 
 The only module that imports transformers, peft, bitsandbytes and deepspeed. Everything
-here is built from a ``RunSettings`` and a ``Method``; the recorder only calls ``step()``.
+here is built from a ``RunSettings`` and a ``Method``; ``run(session)`` drives the session.
 """
 
 from __future__ import annotations
@@ -158,7 +158,8 @@ def lora_config(method: Method):
 
 
 def build_model(method: Method, settings: RunSettings, device: str):
-    """Load the model as ``method`` prescribes: dtype, NF4, k-bit preparation, LoRA, checkpointing."""
+    """Load the model as ``method`` prescribes: dtype, NF4, k-bit preparation, LoRA, checkpointing (which
+    the Trainer engine leaves to ``TrainingArguments``, as its users do)."""
     from transformers import AutoModelForCausalLM
 
     path = settings.model_path or materialize_preset(settings.preset)
@@ -168,7 +169,6 @@ def build_model(method: Method, settings: RunSettings, device: str):
         kwargs["quantization_config"] = nf4_config(half)
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
 
-    _label_norms(model)
     if method.kind == "infer":
         model.eval()
         model.requires_grad_(False)  # serving holds no trainable weights
@@ -180,10 +180,9 @@ def build_model(method: Method, settings: RunSettings, device: str):
         from peft import prepare_model_for_kbit_training
         # Casts the remaining non-quantized weights (norms, embeddings) to fp32, as QLoRA users get it.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    if method.gradient_checkpointing:
+    if method.gradient_checkpointing and settings.engine != "trainer":
         # Non-reentrant checkpointing needs no input that requires grad, so it works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        _label_recompute(model)
     if method.adapter == "lora":
         from peft import get_peft_model
         model = get_peft_model(model, lora_config(method))
@@ -234,40 +233,6 @@ def meta_model(method: Method, config, half: torch.dtype) -> tuple[Any, set[str]
     return model, {n for n, p in model.named_parameters() if id(p) in quantized_ids}
 
 
-def _label_recompute(model) -> None:
-    """Mark the recomputation that gradient checkpointing runs during backward, so traces can tell it
-    from the first forward. transformers calls each layer's ``_gradient_checkpointing_func``."""
-    for module in model.modules():
-        original = getattr(module, "_gradient_checkpointing_func", None)
-        if original is not None and not getattr(original, "_profkit_labelled", False):
-            module._gradient_checkpointing_func = _labelled_checkpoint(original)
-
-
-def _labelled_checkpoint(checkpoint_func):
-    def run(function, *args, **kwargs):
-        def forward(*a, **k):
-            # Inside autograd's backward a graph task is running: this call is the recomputation.
-            if torch._C._current_graph_task_id() != -1:
-                with record_function(labels.RECOMPUTE):
-                    return function(*a, **k)
-            return function(*a, **k)
-        return checkpoint_func(forward, *args, **kwargs)
-    run._profkit_labelled = True
-    return run
-
-
-def _label_norms(model) -> None:
-    """Wrap normalization layers' forward in a label; analysis carries it to their backward ops."""
-    for module in model.modules():
-        if type(module).__name__.endswith(("RMSNorm", "LayerNorm")) and "forward" not in vars(module):
-            forward = module.forward
-
-            def labelled(*args, _forward=forward, **kwargs):
-                with record_function(labels.NORM):
-                    return _forward(*args, **kwargs)
-            module.forward = labelled
-
-
 def _check_cpu_4bit_inference(model, device: str) -> None:
     """bitsandbytes' CPU inference path (taken on CPUs with AVX512-BF16) repacks 4-bit weights in blocks of
     32 output features and asserts deep inside generate(); say so before running instead."""
@@ -283,8 +248,8 @@ def _check_cpu_4bit_inference(model, device: str) -> None:
 
 # --------------------------------------------------------------------------- data
 
-def training_batches(tokenizer, settings: RunSettings, device: str) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless batches of ``seq_len`` token blocks from the bundled WikiText-2 or a user's file."""
+def token_blocks(tokenizer, settings: RunSettings) -> torch.Tensor:
+    """``seq_len`` token blocks, shape (blocks, seq_len), from the bundled WikiText-2 or a user's file."""
     from datasets import load_dataset
 
     path = settings.dataset_path or str(bundled(BUNDLED_TRAIN_TEXT))
@@ -301,7 +266,13 @@ def training_batches(tokenizer, settings: RunSettings, device: str) -> Iterator[
     n_blocks = len(ids) // block
     if n_blocks < settings.batch_size:
         raise ValueError(f"{path}: {len(ids)} tokens is too little text for batch {settings.batch_size} x {block}")
-    blocks = torch.tensor(ids[: n_blocks * block]).view(n_blocks, block)
+    return torch.tensor(ids[: n_blocks * block]).view(n_blocks, block)
+
+
+def training_batches(tokenizer, settings: RunSettings, device: str) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless batches of token blocks, on ``device`` (profkit's own loop)."""
+    blocks = token_blocks(tokenizer, settings)
+    n_blocks = len(blocks)
     # Independent tensors: a view would keep the whole corpus' storage alive in the memory timeline.
     batches = [blocks[i:i + settings.batch_size].clone().to(device)
                for i in range(0, n_blocks - settings.batch_size + 1, settings.batch_size)]
@@ -329,20 +300,27 @@ def inference_prompts(tokenizer, settings: RunSettings, device: str) -> Iterator
 
 @dataclass
 class Workload:
-    """A built method: the objects that hold memory, and ``step()`` that the recorder calls."""
+    """A built method: the objects that hold memory, and ``run(session)``, which trains or generates until the
+    session has every step it needs. The session labels the phases; the loop only calls ``session.step()``."""
 
     method: Method
     device: str
-    model: Any
+    model: Any  # the nn.Module, or the DeepSpeed engine around it
     optimizer: Any  # torch optimizer, or DeepSpeed's ZeRO optimizer
-    engine: Any  # DeepSpeed engine or None
-    step: Callable[[Callable[[], None] | None], dict]
+    step: Callable[[], None] | None  # one step of profkit's own loop (None: another engine drives the loop)
     tokens_per_step: int
+    run_loop: Callable[[Any], None] | None = None
 
-    @property
-    def inner_optimizer(self):
-        """The torch optimizer that owns the moment tensors (DeepSpeed wraps it)."""
-        return getattr(self.optimizer, "optimizer", self.optimizer)
+    def run(self, make_session: Callable[[Any, Any], Any]) -> None:
+        """Train (or generate) until the session has every step it needs. ``make_session(model, optimizer)``
+        is called once the objects exist: for the Trainer engine, when the Trainer has built its optimizer."""
+        if self.run_loop is not None:
+            self.run_loop(make_session)
+            return
+        with make_session(self.model, self.optimizer) as session:
+            while not session.done:
+                self.step()
+                session.step()
 
 
 def _autocast(device: str):
@@ -363,17 +341,27 @@ def _init_single_process_group(device: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
 
 
-def zero_buffers(stage: int) -> dict[str, int]:
-    """The ZeRO settings that size DeepSpeed's buffers, as profkit runs it: DeepSpeed's own defaults (no
-    overrides, so what users get), read from DeepSpeed's config class rather than restated here."""
+def zero_buffers(stage: int, config=None, engine: str = "loop") -> dict[str, int]:
+    """The ZeRO settings that size DeepSpeed's buffers, as profkit runs them, read from DeepSpeed's config class
+    rather than restated: DeepSpeed's own defaults for profkit's loop; for the Trainer engine, Hugging Face's
+    template with its "auto" sizes filled in by transformers' own ``trainer_config_finalize`` from ``config``."""
     import contextlib
     import sys
+    from types import SimpleNamespace
 
     # DeepSpeed's logger writes to the stdout it finds at import; keep it off a command's JSON or CSV output.
     with contextlib.redirect_stdout(sys.stderr):
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    config = DeepSpeedZeroConfig(stage=stage)
+    zero: dict = {"stage": stage}
+    if engine == "trainer":
+        from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+        hf = HfTrainerDeepSpeedConfig(trainer_deepspeed_config(stage))
+        hf.trainer_config_finalize(SimpleNamespace(get_warmup_steps=lambda steps: 0), SimpleNamespace(config=config), 1)
+        zero = {k: v for k, v in hf.config["zero_optimization"].items()}
+        del hf  # its weak reference tells from_pretrained that ZeRO-3 is on: drop it now
+    config = DeepSpeedZeroConfig(**zero)
     return {"reduce_bucket_size": int(config.reduce_bucket_size),
             "prefetch_bucket_size": int(config.prefetch_bucket_size),
             "max_live_parameters": int(config.max_live_parameters),
@@ -397,6 +385,8 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
     if method.kind == "infer":
         return _inference_workload(method, settings, device, tokenizer, model)
 
+    if settings.engine == "trainer":
+        return _trainer_workload(method, settings, device, tokenizer, model)
     batches = training_batches(tokenizer, settings, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=method.learning_rate)
@@ -409,24 +399,72 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
                      "steps_per_print": 10**9}
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
 
-    def step(after_backward: Callable[[], None] | None = None) -> dict:
-        with record_function(labels.DATA):
-            batch = next(batches)
-        with record_function(labels.FORWARD), _autocast(device):
+    def step() -> None:
+        batch = next(batches)
+        with _autocast(device):
             loss = (engine or model)(**batch).loss
-        with record_function(labels.BACKWARD):
-            engine.backward(loss) if engine else loss.backward()
-        if after_backward:
-            after_backward()
-        with record_function(labels.OPTIMIZER):
-            if engine:
-                engine.step()
-            else:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss.item()}
+        if engine:
+            engine.backward(loss)
+            engine.step()
+        else:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    return Workload(method, device, model, optimizer, engine, step, settings.batch_size * settings.seq_len)
+    return Workload(method, device, engine or model, optimizer, step, settings.batch_size * settings.seq_len)
+
+
+def trainer_deepspeed_config(stage: int) -> dict:
+    """The DeepSpeed config of a Trainer user: Hugging Face's documented ZeRO-2/3 templates, whose sizes are
+    "auto" (the Trainer fills them from the model: reduce bucket = hidden_size^2, ZeRO-3 prefetch bucket =
+    0.9 hidden_size^2, persistence threshold = 10 hidden_size) and precision follows TrainingArguments."""
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                            "reduce_bucket_size": "auto"}
+    if stage == 2:
+        zero.update(allgather_partitions=True, allgather_bucket_size=2e8, reduce_scatter=True)
+    else:
+        zero.update(sub_group_size=1e9, stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
+                    stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9,
+                    stage3_gather_16bit_weights_on_model_save=True)
+    return {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}, "zero_optimization": zero,
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto", "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9}
+
+
+def _trainer_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
+    """The method through ``transformers.Trainer``, as the reference study and most users run it: precision and
+    gradient checkpointing from ``TrainingArguments``, ZeRO from a DeepSpeed config with "auto" sizes."""
+    from transformers import Trainer, TrainingArguments
+
+    blocks = token_blocks(tokenizer, settings)
+    dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
+    half = half_dtype(device)
+    if method.zero_stage:
+        _init_single_process_group(device)
+    out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
+    args = TrainingArguments(
+        output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,
+        learning_rate=method.learning_rate, lr_scheduler_type="constant", optim="adamw_torch",
+        gradient_checkpointing=method.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,
+        bf16=device == "cuda" and half == torch.bfloat16, fp16=device == "cuda" and half == torch.float16,
+        use_cpu=device == "cpu" and not method.zero_stage, deepspeed=trainer_deepspeed_config(method.zero_stage)
+        if method.zero_stage else None, seed=settings.seed, data_seed=settings.seed, report_to="none",
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, remove_unused_columns=False,
+        dataloader_pin_memory=device == "cuda")
+
+    def run_loop(make_session) -> None:
+        from profkit.hf import TrainerCallback
+
+        trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                          callbacks=[TrainerCallback(session_factory=make_session)])
+        try:
+            trainer.train()
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    return Workload(method, device, model, None, None, settings.batch_size * settings.seq_len, run_loop)
 
 
 def _inference_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
@@ -434,16 +472,14 @@ def _inference_workload(method: Method, settings: RunSettings, device: str, toke
     new_tokens = settings.max_new_tokens
 
     @torch.inference_mode()
-    def step(after_backward: Callable[[], None] | None = None) -> dict:
+    def step() -> None:
+        # Inference has no optimizer step for the session to time data loading against: labelled here.
         with record_function(labels.DATA):
             input_ids = next(prompts)
         with record_function(labels.GENERATE), _autocast(device):
             # min_new_tokens = max_new_tokens: every step generates the same count, so tokens/s compare.
-            out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-        if after_backward:
-            after_backward()
-        return {"prompt_tokens": input_ids.shape[1], "new_tokens": out.shape[1] - input_ids.shape[1]}
+            model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
 
-    return Workload(method, device, model, None, None, step, new_tokens)
+    return Workload(method, device, model, None, step, new_tokens)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from profkit import labels, store
+from profkit.manifest import ManifestError, RunRecord
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, load_timeline, phase_windows
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
@@ -54,6 +55,7 @@ class Breakdown:
     problems: list[Problem] = field(default_factory=list)
     notes: dict[str, list[str]] = field(default_factory=dict)
     phase_windows: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # run -> phase -> ns
+    records: dict[str, RunRecord] = field(default_factory=dict)  # run -> its manifest (profkit runs only)
 
     @property
     def failed(self) -> bool:
@@ -119,8 +121,9 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
     runs, memory, time, by_name, measured, predicted = [], [], [], [], [], []
     notes: dict[str, list[str]] = {}
     windows: dict[str, dict] = {}
+    records: dict[str, RunRecord] = {}
     for src in sources:
-        row, run_notes = _analyse(src, problems, memory, time, by_name, measured, predicted, windows)
+        row, run_notes = _analyse(src, problems, memory, time, by_name, measured, predicted, windows, records)
         runs.append(row)
         notes[src.run] = run_notes
     return Breakdown(
@@ -131,32 +134,33 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         measured=pd.concat(measured, ignore_index=True) if measured else pd.DataFrame(),
         predicted=pd.concat(predicted, ignore_index=True) if predicted else
         pd.DataFrame(columns=["run", "method", *PREDICTED_COLUMNS]),
-        problems=problems, notes=notes, phase_windows=windows,
+        problems=problems, notes=notes, phase_windows=windows, records=records,
     )
 
 
 def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measured, predicted,
-             windows: dict) -> tuple[dict, list[str]]:
+             windows: dict, records: dict) -> tuple[dict, list[str]]:
     notes: list[str] = []
     row: dict = {"run": src.run, "path": str(src.path), "recorded_by_profkit": src.recorded}
     if src.recorded:
         run_dir = store.RunDir(src.path)
         try:
-            manifest = run_dir.read_manifest()
-        except (OSError, ValueError) as exc:
-            problems.append(Problem(run_dir.manifest, f"unreadable manifest ({exc})"))
+            record = run_dir.read_record()
+        except ManifestError as exc:
+            problems.append(Problem(run_dir.manifest, str(exc).removeprefix(f"{run_dir.manifest}: ")))
             row.update(method=src.run, status="unreadable")
             return row, notes
-        method = manifest.get("method", src.run)
-        timings = manifest.get("timings") or {}
-        row.update(method=method, status=manifest.get("status"), reason=manifest.get("reason"),
-                   device=(manifest.get("device") or {}).get("type"),
+        records[src.run] = record
+        method = record.method
+        timings = record.timings
+        row.update(method=method, kind=record.kind, engine=record.engine, settings=record.settings,
+                   status=record.status, reason=record.reason, device=record.device.get("type"),
                    clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"))
-        if manifest.get("status") != "ok":
+        if record.status != "ok":
             return row, notes  # shown with its status, never as zeros
         time_trace = run_dir.time_trace
     else:
-        method, manifest, time_trace = src.run, None, src.path
+        method, record, time_trace = src.run, None, src.path
         row.update(method=method, status="foreign", reason=None)
 
     try:
@@ -169,7 +173,7 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
     except TraceError as exc:
         problems.append(Problem(exc.path, exc.reason))
 
-    if manifest is None:
+    if record is None:
         notes.append("memory breakdown unavailable: not recorded by profkit, so there is no inventory of "
                      "parameters, gradients and optimizer state, and no categorized memory timeline; record with "
                      "`profkit record` for one")
@@ -177,13 +181,13 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
     try:
         timeline = load_timeline(run_dir.memory_timeline)
         windows[src.run] = phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL)
-        m = analyze_memory(manifest, timeline, windows[src.run])
+        m = analyze_memory(record, timeline, windows[src.run])
         memory.append(m.rows.assign(run=src.run, method=method)[MEMORY_COLUMNS])
         measured.append(m.measured.assign(run=src.run, method=method))
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]
         row["measured_peak_bytes"] = int(peak.iloc[0]) if len(peak) else None
         notes += m.notes
-        estimate = manifest.get("estimate") or {}
+        estimate = record.estimate or {}
         if "instants" in estimate:
             row["predicted_peak_bytes"] = estimate["peak_bytes"]
             predicted.append(predicted_vs_measured(estimate, m.rows, m.measured).assign(run=src.run, method=method))

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from profkit.analyze.trace import Trace, read_json
+from profkit.manifest import RunRecord
 
 MEMORY_CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "gradients",
                      "optimizer_state", "activations", "temporaries", "allocator_overhead", "unattributed")
@@ -73,9 +74,9 @@ class MemoryResult:
     notes: list[str] = field(default_factory=list)
 
 
-def inventory_totals(manifest: dict) -> dict[str, int]:
+def inventory_totals(record: RunRecord) -> dict[str, int]:
     out: dict[str, int] = {}
-    for row in (manifest.get("inventory") or {}).get("rows", []):
+    for row in (record.inventory or {}).get("rows", []):
         key = row["owner"]
         if key in ("gradients", "framework") and row["detail"].startswith("deepspeed:"):
             key = f"zero_{key}"  # ZeRO's persistent flat buffers, invisible to the profiler's categories
@@ -139,9 +140,9 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int]) -> dict[str, int]:
     }
 
 
-def analyze_memory(manifest: dict, timeline: Timeline, windows: dict[str, tuple[float, float]]) -> MemoryResult:
-    inv = inventory_totals(manifest)
-    peaks = manifest.get("peaks", {})
+def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tuple[float, float]]) -> MemoryResult:
+    inv = inventory_totals(record)
+    peaks = record.peaks
     cuda = "cuda_max_reserved" in peaks
     notes: list[str] = []
     rows, measured = [], []

@@ -6,6 +6,7 @@ from typing import Optional
 import pandas as pd
 import typer
 from rich.console import Console
+from rich import box
 from rich.table import Table
 
 from profkit.analyze import Breakdown, breakdown as analyse
@@ -18,6 +19,8 @@ EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed 
           "are still shown); 2 bad arguments.")
 CATEGORY_WIDTH = 21
 RUN_COLUMN_WIDTH = 12
+SHORT = {"parameters_trainable": "trainable", "parameters_frozen": "frozen", "parameters_quantized": "4-bit",
+         "optimizer_state": "optimizer", "activations": "activ.", "gradients": "grads"}
 
 
 def breakdown(
@@ -55,17 +58,22 @@ def breakdown(
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:
     if bd.runs.empty:
         return
-    runs = Table(title="Runs")
-    for col in ("run", "status", "step (clean)", "tokens/s", "step (profiled)", "measured peak", "time coverage"):
-        runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=col != "status")
+    # Short two-line headers and no box: seven columns and a full run name fit an 80-column terminal.
+    runs = Table(title="Runs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
+    for col in ("run", "status", "clean\nstep", "tokens/s", "profiled\nstep", "measured\npeak", "time\ncov."):
+        runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=True)
+    reasons = []
     for _, r in bd.runs.iterrows():
         cov = r.get("coverage_gpu") if pd.notna(r.get("coverage_gpu")) else r.get("coverage_cpu")
-        runs.add_row(str(r["run"]), str(r.get("status")) + (f" ({r['reason']})" if isinstance(r.get("reason"), str) else ""),
-                     human_seconds(r.get("clean_step_time_s")),
+        if isinstance(r.get("reason"), str):
+            reasons.append(f"{r['run']}: {r['reason']}")
+        runs.add_row(str(r["run"]), str(r.get("status")), human_seconds(r.get("clean_step_time_s")),
                      f"{r['tokens_per_s']:,.0f}" if pd.notna(r.get("tokens_per_s")) else "-",
                      human_seconds(r.get("profiled_step_time_s")), human_bytes(r.get("measured_peak_bytes")),
                      f"{cov:.1%}" if pd.notna(cov) else "-")
     out.print(runs)
+    for line in reasons:  # below the table, where a long reason can wrap without squeezing the columns
+        out.print(f"  {line}", highlight=False)
 
     mem = tables.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
@@ -79,14 +87,17 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
         out.print(t)
 
-    cells = tables.predicted_cells(bd)
-    for chunk in chunks([r for r in bd.runs.run if r in cells.columns], out.width // 2):
-        t = Table(title="Memory predicted by `profkit estimate` / measured (error)")
-        t.add_column("category (phase)", no_wrap=True)
-        for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True)
-        for label, row in cells.iterrows():
-            t.add_row(label, *[row.get(run) if isinstance(row.get(run), str) else "-" for run in chunk])
+    errors = tables.predicted_errors(bd)
+    if not errors.empty:
+        t = Table(title="Memory predicted by `profkit estimate`: error against measured", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True,
+                  caption="static categories and activations at the forward phase's peak, gradients at the "
+                          "optimizer step's; `--format json|markdown` gives the bytes")
+        t.add_column("run", no_wrap=True, min_width=14)
+        for cat in errors.columns:  # short names and fixed widths: the table fits 80 columns
+            t.add_column(SHORT.get(cat, cat), justify="right", no_wrap=True, min_width=6)
+        for run, row in errors.iterrows():
+            t.add_row(run, *[tables.format_error(e) for e in row])
         out.print(t)
 
     tim = tables.time_per_step(bd)

@@ -64,10 +64,13 @@ def _training_runs(path: Path):
 
 def _settings_of_runs(path: Path) -> tuple[RunSettings, str]:
     """The model, sizes and device the recorded runs used, so that estimates compare with them."""
-    for run_dir in sorted(p for p in ([path] if store.is_run_dir(path) else path.iterdir()) if store.is_run_dir(p)):
-        manifest = store.RunDir(run_dir).read_manifest()
-        if manifest.get("status") == "ok" and manifest.get("run_settings"):
-            return RunSettings.from_json(manifest["run_settings"]), (manifest.get("device") or {}).get("type", "cpu")
+    for run in store.find_runs(path):
+        try:
+            record = run.read_record()
+        except store.ManifestError:
+            continue
+        if record.complete and record.run_settings:
+            return RunSettings.from_json(record.run_settings), record.device.get("type", "cpu")
     fail_usage(f"{path}: no completed run to take the model and sizes from")
 
 

@@ -13,6 +13,8 @@ from profkit.report.units import human_bytes
 from profkit.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
 from profkit.settings import RunSettings
+
+ENGINES = ("loop", "trainer")
 from profkit.store import DEFAULT_ROOT
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -44,14 +46,14 @@ class _ProgressObserver:
 
 
 def summary_line(outcome: runner.Outcome) -> str:
-    m = outcome.manifest
+    m = outcome.record
     style = STATUS_STYLE.get(outcome.status, "red")
     head = f"[{style}]{outcome.status:<11}[/] {outcome.method:<15}"
     if outcome.status != "ok":
         return f"{head} {outcome.reason or ''} [dim](see {outcome.path})[/]"
-    t = m["timings"]
+    t = m.timings
     unit = "tok/s"
-    peaks = m.get("peaks", {})
+    peaks = m.peaks
     peak = (f"peak allocated {human_bytes(peaks['cuda_max_allocated'])}" if "cuda_max_allocated" in peaks
             else f"peak RSS {human_bytes(peaks.get('process_rss_peak', 0))}")
     return f"{head} step {t['step_time_s'] * 1e3:8.1f} ms {t['tokens_per_s']:9,.0f} {unit}  {peak}"
@@ -71,6 +73,8 @@ def record(
     steps: int = typer.Option(5, min=1, help="Timed steps without the profiler (step time, tokens/s)."),
     profiled_steps: int = typer.Option(2, min=1, help="Active steps of the time-profiling cycle."),
     output: Path = typer.Option(DEFAULT_ROOT, "--output", "-o", help="Directory that receives one run per method."),
+    engine: str = typer.Option("loop", help="loop: profkit's own training loop; trainer: transformers.Trainer with "
+                                            "profkit's callback and a DeepSpeed config with Hugging Face's \"auto\" sizes."),
 ) -> None:
     """Record methods under torch.profiler, each in a fresh process, into OUTPUT/<method>/."""
     try:
@@ -84,13 +88,18 @@ def record(
         fail_usage(f"unknown device {device!r}; valid: auto, cpu, cuda")
     if model is not None and not (model / "config.json").is_file():
         fail_usage(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
+    if engine not in ENGINES:
+        fail_usage(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
+    if engine == "trainer" and any(m.kind != "train" for m in chosen):
+        fail_usage("--engine trainer records training methods only; "
+                   f"{', '.join(m.name for m in chosen if m.kind != 'train')} are inference methods")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
 
     base = RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
                        dataset_path=str(dataset.resolve()) if dataset else None, device=device,
                        batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens,
-                       warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps)
+                       warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps, engine=engine)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:

@@ -48,7 +48,15 @@ def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -
 
 
 def _record_command(bd: Breakdown, settings: dict) -> str:
-    methods = " ".join(str(m) for m in bd.runs.loc[bd.runs.recorded_by_profkit, "method"])
+    by_engine: dict[str, list[str]] = {}
+    for r in bd.records.values():
+        if r.run_settings:  # recorded by `profkit record` (a user's own session has no command)
+            by_engine.setdefault(r.engine, []).append(r.method)
+    return "\n".join(_one_command(" ".join(dict.fromkeys(methods)), settings, engine)
+                     for engine, methods in by_engine.items())
+
+
+def _one_command(methods: str, settings: dict, engine: str) -> str:
     model = f"--model {shlex.quote(settings['model_path'])}" if settings.get("model_path") else f"--preset {settings.get('preset')}"
     parts = [f"profkit record {methods} {model}", f"--batch-size {settings.get('batch_size')}",
              f"--seq-len {settings.get('seq_len')}", f"--warmup-steps {settings.get('warmup_steps')}",
@@ -56,31 +64,26 @@ def _record_command(bd: Breakdown, settings: dict) -> str:
              f"--device {settings.get('device')}"]
     if settings.get("dataset_path"):
         parts.append(f"--dataset {shlex.quote(settings['dataset_path'])}")
+    if engine != "loop":
+        parts.append(f"--engine {engine}")
     return " ".join(parts)
 
 
 def _context(bd: Breakdown) -> list[str]:
-    from profkit import store
-
     lines = []
-    for _, r in bd.runs.iterrows():
-        if not r.get("recorded_by_profkit"):
-            continue
-        try:
-            m = store.RunDir(Path(r["path"])).read_manifest()
-        except (OSError, ValueError):
-            continue
-        dev = m.get("device") or {}
-        rs = m.get("run_settings") or {}
-        versions = ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items() if v)
+    for m in bd.records.values():
+        dev, rs = m.device, m.run_settings or {}
+        versions = ", ".join(f"{k} {v}" for k, v in m.versions.items() if v)
+        model = m.model.get("path") or (f"preset {m.model['preset']}" if m.model.get("preset") else m.model.get("class"))
         lines += [f"- Device: {dev.get('type')} ({dev.get('name')}, {dev.get('cpu_count')} CPUs, "
                   f"{dev.get('torch_threads')} torch threads)",
-                  f"- Model: {'preset ' + str(rs.get('preset')) if not rs.get('model_path') else rs['model_path']}; "
-                  f"batch {rs.get('batch_size')} x {rs.get('seq_len')} tokens; {rs.get('timed_steps')} timed steps, "
-                  f"{rs.get('profiled_steps')} profiled steps",
+                  f"- Model: {model}" + (f"; batch {rs.get('batch_size')} x {rs.get('seq_len')} tokens; "
+                                         f"{rs.get('timed_steps')} timed steps, {rs.get('profiled_steps')} profiled steps"
+                                         if rs else ""),
                   f"- Versions: {versions}",
-                  f"- Recorded at git commit {m.get('git_commit') or 'unknown'}", "",
-                  "Record (each method is run in a fresh process):", "", "```bash", _record_command(bd, rs), "```"]
+                  f"- Recorded at git commit {m.git_commit or 'unknown'}"]
+        if rs:
+            lines += ["", "Record (each method is run in a fresh process):", "", "```bash", _record_command(bd, rs), "```"]
         break
     return lines
 

@@ -82,13 +82,22 @@ def predicted_cells(bd: Breakdown) -> pd.DataFrame:
     if p.empty:
         return pd.DataFrame()
     p = p.assign(label=p.category + " (" + p.phase + ")",
-                 cell=[f"{human_bytes(a)} / {human_bytes(b)} ({_error(e)})"
+                 cell=[f"{human_bytes(a)} / {human_bytes(b)} ({format_error(e)})"
                        for a, b, e in zip(p.predicted_bytes, p.measured_bytes, p.error)])
     order = list(dict.fromkeys(p.label))
     return p.pivot(index="label", columns="run", values="cell").reindex(order)
 
 
-def _error(error) -> str:
+def predicted_errors(bd: Breakdown) -> pd.DataFrame:
+    """Rows: runs; columns: compared categories; values: predicted / measured - 1 (narrow enough for a terminal)."""
+    p = bd.predicted
+    if p.empty:
+        return pd.DataFrame()
+    return p.pivot(index="run", columns="category", values="error").reindex(
+        columns=list(dict.fromkeys(p.category)), index=list(dict.fromkeys(p.run)))
+
+
+def format_error(error) -> str:
     return "-" if error is None or (isinstance(error, float) and math.isnan(error)) else f"{error:+.1%}"
 
 

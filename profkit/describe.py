@@ -1,0 +1,155 @@
+"""What a training setup is, read from its live objects rather than from a name.
+
+A user's model may be a peft model, a bitsandbytes-quantized model, a DeepSpeed engine, or wrapped by
+accelerate; the optimizer may be DeepSpeed's or accelerate's wrapper. These functions unwrap them and
+describe the method as a registry ``Method`` (adapter, quantization, gradient checkpointing, ZeRO stage,
+LoRA settings), so a run recorded from a user's script is told apart and compared like profkit's own.
+
+Duck-typed on attributes and class names, so this module imports none of those libraries.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from profkit.methods import Method
+
+# Optimizer wrappers that only forward to the optimizer they hold (accelerate's).
+FORWARDING_WRAPPERS = ("AcceleratedOptimizer", "DeepSpeedOptimizerWrapper")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The objects behind what the user handed over."""
+
+    model: Any  # the nn.Module whose forward runs (a DeepSpeed engine's module, a peft model...)
+    engine: Any  # DeepSpeed engine, or None
+    optimizer: Any  # the optimizer whose step() does the update (DeepSpeed's ZeRO optimizer, or torch's)
+    inner_optimizer: Any  # the torch optimizer that owns moment tensors
+
+
+def is_deepspeed_engine(obj: Any) -> bool:
+    return type(obj).__name__ == "DeepSpeedEngine" or (
+        type(obj).__module__.startswith("deepspeed") and hasattr(obj, "module") and hasattr(obj, "backward"))
+
+
+def unwrap(model: Any, optimizer: Any = None) -> Parts:
+    engine = model if is_deepspeed_engine(model) else None
+    module = engine.module if engine is not None else model
+    if optimizer is None and engine is not None:
+        optimizer = engine.optimizer
+    while optimizer is not None and type(optimizer).__name__ in FORWARDING_WRAPPERS:
+        optimizer = optimizer.optimizer
+    inner = optimizer
+    while inner is not None and not hasattr(inner, "state") and getattr(inner, "optimizer", None) is not None:
+        inner = inner.optimizer
+    # DeepSpeed's ZeRO optimizers wrap a torch optimizer in .optimizer; its moments live there.
+    if inner is not None and type(inner).__module__.startswith("deepspeed") and hasattr(inner, "optimizer"):
+        inner = inner.optimizer
+    return Parts(module, engine, optimizer, inner)
+
+
+def zero_stage(parts: Parts) -> int:
+    if parts.engine is not None and hasattr(parts.engine, "zero_optimization_stage"):
+        return int(parts.engine.zero_optimization_stage())
+    name = type(parts.optimizer).__name__ if parts.optimizer is not None else ""
+    if name == "DeepSpeedZeroOptimizer_Stage3":
+        return 3
+    if name == "DeepSpeedZeroOptimizer":
+        return 2 if getattr(parts.optimizer, "partition_gradients", False) else 1
+    return 0
+
+
+def _peft_lora(model: Any) -> dict | None:
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return None
+    active = getattr(model, "active_adapter", None)
+    config = configs.get(active) if isinstance(active, str) and active in configs else next(iter(configs.values()))
+    if str(getattr(config, "peft_type", "")).split(".")[-1].upper() != "LORA":
+        return {"adapter": str(getattr(config, "peft_type", "peft"))}
+    targets = config.target_modules
+    targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets or ()))
+    return {"lora_r": int(config.r), "lora_alpha": int(config.lora_alpha), "lora_dropout": float(config.lora_dropout),
+            "lora_targets": targets}
+
+
+def _quantization(model: Any) -> str | None:
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            return str(getattr(qs, "quant_type", "nf4"))
+        if type(p).__name__ == "Int8Params":
+            return "int8"
+    return None
+
+
+def _double_quant(model: Any) -> bool | None:
+    for p in model.parameters():
+        qs = getattr(p, "quant_state", None)
+        if qs is not None:
+            return bool(getattr(qs, "nested", False))
+    return None
+
+
+def _gradient_checkpointing(model: Any) -> bool:
+    # transformers sets this flag on the layers it checkpoints (its ``is_gradient_checkpointing`` property is
+    # deprecated and warns); other code may call torch.utils.checkpoint directly, which leaves no mark until
+    # it runs (the Session then labels the recompute in the trace).
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
+
+
+def dtypes(model: Any) -> dict[str, int]:
+    """Parameter elements by dtype (a 4-bit weight counts its packed storage as uint8)."""
+    counts: Counter = Counter()
+    for p in model.parameters():
+        counts[str(p.dtype).removeprefix("torch.")] += int(getattr(p, "ds_numel", p.numel()))
+    return dict(counts)
+
+
+def learning_rate(optimizer: Any) -> float | None:
+    groups = getattr(optimizer, "param_groups", None)
+    try:
+        return float(groups[0]["lr"]) if groups else None
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+
+
+def method_of(parts: Parts, inference: bool = False) -> Method:
+    """The registry-shaped description of this setup, named like the registry names its methods."""
+    lora = _peft_lora(parts.model)
+    quant = _quantization(parts.model)
+    gc = _gradient_checkpointing(parts.model)
+    stage = zero_stage(parts)
+    if inference:
+        base = "infer_int4" if quant else "infer_fp16"
+        return Method(base, "infer", "a user's inference", quantization=quant)
+    adapter = "lora" if lora and "lora_r" in lora else ("none" if not lora else lora["adapter"])
+    name = ("qlora" if quant and adapter == "lora" else adapter if adapter != "none" else "full")
+    if stage:
+        name += f"_zero{stage}"
+    if gc:
+        name += "_gc"
+    lr = learning_rate(parts.inner_optimizer)
+    fields = {k: v for k, v in (lora or {}).items() if k.startswith("lora_")}
+    return Method(name, "train", "found on the live objects", adapter=adapter, quantization=quant,
+                  gradient_checkpointing=gc, zero_stage=stage, **({"learning_rate": lr} if lr is not None else {}),
+                  **fields)
+
+
+def model_info(parts: Parts) -> dict:
+    model = parts.model
+    config = getattr(model, "config", None)
+    info = {"class": type(model).__name__, "dtypes": dtypes(model),
+            "optimizer": type(parts.inner_optimizer).__name__ if parts.inner_optimizer is not None else None,
+            "zero_optimizer": type(parts.optimizer).__name__ if parts.optimizer is not parts.inner_optimizer else None,
+            "double_quant": _double_quant(model)}
+    to_diff = getattr(config, "to_diff_dict", None)
+    if callable(to_diff):
+        try:
+            info["config"] = to_diff()
+        except Exception:  # a config that cannot serialize itself is not worth failing a run over
+            pass
+    return info

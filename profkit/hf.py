@@ -1,0 +1,64 @@
+"""Hugging Face ``Trainer`` integration: a callback that steps a ``profkit.Session`` from the Trainer's own
+loop (and so from TRL's trainers, which subclass it), with the model and optimizer the Trainer built --
+including DeepSpeed's ZeRO optimizer when the Trainer runs DeepSpeed through accelerate.
+
+This module imports transformers for the callback's base class, which the Trainer requires.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from transformers import TrainerCallback as _TrainerCallback
+
+from profkit.session import Session
+
+# TrainingArguments fields that change what a step holds or does; stored in the run's manifest.
+RELEVANT_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
+                 "gradient_checkpointing_kwargs", "bf16", "fp16", "optim", "learning_rate", "max_grad_norm",
+                 "max_steps", "seed")
+
+
+class TrainerCallback(_TrainerCallback):
+    """Record a run of ``Trainer.train()`` into ``path``: ``Trainer(..., callbacks=[TrainerCallback(path)])``.
+
+    The Trainer must run for at least ``session.total_steps`` optimizer steps (warm-up + timed + the two
+    profiling cycles, 12 with the defaults); a shorter training leaves the run marked ``incomplete``.
+    """
+
+    def __init__(self, path: str | Path | None = None, *, warmup_steps: int = 2, timed_steps: int = 5,
+                 profiled_steps: int = 2, memory_steps: int = 1,
+                 session_factory: Callable[[Any, Any], Session] | None = None):
+        if (path is None) == (session_factory is None):
+            raise TypeError("TrainerCallback(path): give the run directory to record into")
+        schedule = dict(warmup_steps=warmup_steps, timed_steps=timed_steps, profiled_steps=profiled_steps,
+                        memory_steps=memory_steps)
+        self._factory = session_factory or (lambda model, optimizer: Session(path, model, optimizer, engine="trainer",
+                                                                             **schedule))
+        self.session: Session | None = None
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        if self.session is not None and not self.session._closed:
+            return
+        self.session = self._factory(model, optimizer)
+        self.session.record.engine = "trainer"
+        self.session.record.engine_config = engine_config(args)
+        self.session.start()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.session is not None:
+            self.session.step()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.session is not None:
+            self.session.close()
+
+
+def engine_config(args) -> dict:
+    out = {"trainer": {name: getattr(args, name, None) for name in RELEVANT_ARGS}}
+    out["trainer"]["optim"] = str(out["trainer"]["optim"]).split(".")[-1].lower()
+    hf_ds = getattr(args, "hf_deepspeed_config", None)
+    if hf_ds is not None:
+        out["deepspeed"] = hf_ds.config  # with Hugging Face's "auto" values filled in
+    return out

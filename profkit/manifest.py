@@ -1,0 +1,125 @@
+"""The run record: one typed description of a recorded run, written as ``manifest.json``.
+
+Every writer (``profkit.Session``, the ``profkit record`` worker, the runner for a worker that died) builds
+a ``RunRecord``; every reader goes through ``read`` and so through the schema check. No torch import.
+
+Schema history: 1 -- the first layout (a dict assembled in several places); 2 -- adds ``engine``, ``kind``
+is always set, ``engine_config``, ``settings`` describes the method as found on the live objects for runs profkit did not
+launch. Version 1 files read as version 2 (every field of 1 kept its meaning).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+STATUSES = ("ok", "incomplete", "oom", "failed", "unsupported", "interrupted")
+ENGINES = ("loop", "trainer", "session")
+LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "datasets", "accelerate", "profkit")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read: unreadable JSON, or a schema this profkit does not know."""
+
+
+@dataclass
+class RunRecord:
+    run: str
+    method: str  # a registry name, or "custom" for a user's setup that matches none
+    kind: str  # train | infer
+    settings: dict  # the method's settings (registry fields: adapter, quantization, lora_r, zero_stage...)
+    status: str = "interrupted"  # until the run says otherwise, it did not finish
+    reason: str | None = None
+    engine: str = "loop"  # loop: profkit's own loop; trainer: transformers.Trainer; session: a user's loop
+    engine_config: dict = field(default_factory=dict)  # e.g. the Trainer's arguments and its DeepSpeed config
+    schema_version: int = SCHEMA_VERSION
+    run_settings: dict | None = None  # profkit record's RunSettings (None for a user's own training)
+    started_at: str | None = None
+    finished_at: str | None = None
+    wall_s: float | None = None
+    versions: dict = field(default_factory=dict)
+    git_commit: str | None = None
+    pid: int | None = None
+    device: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)
+    estimate: dict | None = None
+    timings: dict = field(default_factory=dict)
+    peaks: dict = field(default_factory=dict)
+    inventory: dict | None = None
+    phases_done: list = field(default_factory=list)
+    files: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "manifest") -> "RunRecord":
+        if not isinstance(data, dict):
+            raise ManifestError(f"{source}: not a JSON object")
+        version = data.get("schema_version", 1)
+        if version not in READABLE_VERSIONS:
+            raise ManifestError(f"{source}: schema version {version!r}; this profkit reads versions "
+                                f"{', '.join(map(str, READABLE_VERSIONS))} (a newer profkit wrote it?)")
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for required in ("method",):
+            if required not in values:
+                raise ManifestError(f"{source}: no {required!r} field")
+        values.setdefault("run", values["method"])
+        values.setdefault("kind", "train")
+        values.setdefault("settings", {})
+        values["schema_version"] = SCHEMA_VERSION
+        for key in ("versions", "device", "model", "timings", "peaks"):
+            if values.get(key) is None:
+                values[key] = {}
+        return cls(**values)
+
+    @property
+    def complete(self) -> bool:
+        return self.status == "ok"
+
+
+def read(path: Path) -> RunRecord:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: unreadable ({exc})") from None
+    return RunRecord.from_json(data, str(path))
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            out[lib] = None
+    return out
+
+
+def git_commit() -> str | None:
+    """profkit's own commit, when it runs from a git checkout."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=5, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def new_record(run: str, method: str, kind: str, settings: dict, engine: str, **extra) -> RunRecord:
+    """A record for a run that is starting: environment filled in, status 'interrupted' until it ends."""
+    return RunRecord(run=run, method=method, kind=kind, settings=settings, engine=engine, started_at=now(),
+                     versions=versions(), git_commit=git_commit(), pid=os.getpid(), **extra)

@@ -1,0 +1,580 @@
+"""The profiler lifecycle for one run, driven by the caller's training loop: the only place in profkit that
+drives torch.profiler and the CUDA allocator history. ``profkit record``'s own loop, the Hugging Face
+callback and a user's hand-written loop all step the same ``Session``.
+
+Phases, in order, each a number of calls to ``step()`` (memory instrumentation distorts timing, so time and
+memory get separate cycles):
+
+1. warm-up steps (caches, lazy allocations, DeepSpeed buckets);
+2. timed steps with no profiler and no instrumentation: clean step time, tokens/s, loss;
+3. the time cycle: CPU (+CUDA) activities, shapes and FLOPs, one warm-up then N active steps;
+4. the memory cycle: ``profile_memory`` with shapes and stacks (which the memory timeline needs), the CUDA
+   allocator history where there is a GPU, and the exact inventory taken between backward and the
+   optimizer step of the last step;
+5. done: ``step()`` returns at once and every hook is removed.
+
+During the two profiling cycles the phases are labelled without the user annotating anything: the model's
+forward (module hooks), backward (``torch.autograd.backward``, which ``Tensor.backward``, DeepSpeed and
+accelerate all call), the optimizer step (torch's step hooks, or DeepSpeed's ``step``), data loading (from
+``step()`` to the next forward), gradient-checkpointing recompute (the checkpointed function when it runs
+again inside autograd's backward) and normalization layers. The user's own ``record_function`` labels are
+kept.
+
+The run is written under a temporary name beside ``path`` and renamed into place when the session closes;
+a session that stops early is ``incomplete``, one that ends in an exception ``failed`` (``oom`` for an
+out-of-memory error, ``interrupted`` for Ctrl-C), each with what it captured.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import torch
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from profkit import describe, labels, store
+from profkit.inventory import take_inventory
+from profkit.manifest import RunRecord, new_record, now
+
+Progress = Callable[[str], None]  # called with the phase name after every step
+
+# Enough allocator events for several steps of a 3B model; older events are dropped first.
+CUDA_HISTORY_MAX_ENTRIES = 200_000
+PHASES = ("warmup", "timed", "time_profile", "memory_profile")
+NORM_CLASS_SUFFIXES = ("RMSNorm", "LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d")
+
+
+class Session:
+    """Record one run of the caller's training loop into ``path`` (a run directory, as ``profkit record``
+    writes). Call ``step()`` once per optimizer step; use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | Path, model: Any, optimizer: Any = None, *, warmup_steps: int = 2,
+                 timed_steps: int = 5, profiled_steps: int = 2, memory_steps: int = 1,
+                 progress: Progress | None = None, tokens_per_step: int | None = None,
+                 engine: str = "session", record: RunRecord | None = None, commit: bool = True):
+        for name, value in (("warmup_steps", warmup_steps), ("timed_steps", timed_steps),
+                            ("profiled_steps", profiled_steps), ("memory_steps", memory_steps)):
+            if not isinstance(value, int) or value < (0 if name == "warmup_steps" else 1):
+                raise ValueError(f"Session({name}={value!r}): a whole number, at least "
+                                 f"{0 if name == 'warmup_steps' else 1}")
+        path = Path(path)
+        if commit:
+            store.check_target(path)
+        self.parts = describe.unwrap(model, optimizer)
+        if not isinstance(self.parts.model, torch.nn.Module):
+            raise TypeError(f"Session(model=...): an nn.Module or a DeepSpeed engine, not {type(model).__name__}")
+        self.target = path
+        self._commit = commit
+        if commit:
+            self.run_dir = store.new_partial(path.parent if str(path.parent) else Path("."), path.name)
+        else:  # the caller made ``path`` as a partial directory and commits it (profkit record's worker)
+            path.mkdir(parents=True, exist_ok=True)
+            self.run_dir = store.RunDir(path)
+        self.path = self.run_dir.path
+        self.plan = dict(zip(PHASES, (warmup_steps, timed_steps, 1 + profiled_steps, 1 + memory_steps)))
+        self.progress = progress or (lambda phase: None)
+        self.tokens_per_step = tokens_per_step
+        self.device = _device_of(self.parts.model)
+        self.cuda = self.device == "cuda"
+        # What the live objects say the method is; for a user's run this is the method, for profkit's own
+        # runs it is kept beside the registry's settings as a check.
+        found = describe.method_of(self.parts, inference=self.parts.optimizer is None)
+        if record is None:
+            record = new_record(path.name, found.name, found.kind, found.settings(), engine,
+                                model=describe.model_info(self.parts))
+        record.model["found"] = {"method": found.name, **found.settings()}
+        self.record = record
+        self.record.device = self.record.device or device_info(self.device)
+        self.phase: str | None = None
+        self._in_phase = 0
+        self._started = False
+        self._closed = False
+        self._mark = 0.0
+        self._times: list[float] = []
+        self._losses: list[float] = []
+        self._tokens: list[int] = []
+        self._tokens_now = 0
+        self._last_loss = None
+        self._prof: profile | None = None
+        self._labels = _Labels(self)
+        self._t0 = time.perf_counter()
+        self._always = [self.parts.model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
+                        self.parts.model.register_forward_hook(self._keep_loss)]
+        self._finalizer = None
+
+    # ------------------------------------------------------------------ public
+
+    def __enter__(self) -> "Session":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close(exc)
+        return False  # the user's exception goes on
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    @property
+    def total_steps(self) -> int:
+        return sum(self.plan.values())
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        if self.cuda:
+            self._attach_oom_observer()
+        # A process that ends with the session open (an exception escaping a Trainer, sys.exit) still
+        # leaves the run marked, never looking complete.
+        ref = weakref.ref(self)
+        self._finalizer = lambda: (lambda s: s and not s._closed and s.close(_unhandled_exception()))(ref())
+        atexit.register(self._finalizer)
+        self._enter_next(0)
+
+    def step(self) -> None:
+        """Call once at the end of every training step (after the optimizer step)."""
+        if not self._started:
+            self.start()
+        if self.phase == "done" or self._closed:
+            return
+        phase = self.phase
+        self._labels.close_data()
+        if phase == "timed":
+            self._sync()
+            now_s = time.perf_counter()
+            self._times.append(now_s - self._mark)
+            self._mark = now_s
+            self._tokens.append(self._tokens_now)
+            if self._last_loss is not None:
+                self._losses.append(float(self._last_loss.float().item()))
+        self._tokens_now = 0
+        self._last_loss = None
+        self._in_phase += 1
+        last = self._in_phase == self.plan[phase]
+        if phase == "memory_profile" and last and self.record.inventory is None:
+            self._take_inventory()  # no optimizer step was seen: take it now
+        if self._prof is not None:
+            with self._native_output():
+                self._prof.step()
+        self.progress(phase)
+        if last:
+            self._finish_phase(phase)
+            self._enter_next(PHASES.index(phase) + 1)
+        elif self._labels.active:
+            self._labels.open_data()
+
+    def close(self, exc: BaseException | None = None) -> Path:
+        """End the session: stop what is running, write the manifest, move the run into place."""
+        if self._closed:
+            return self.path
+        self._closed = True
+        if self._finalizer is not None:
+            atexit.unregister(self._finalizer)
+        rec = self.record
+        if exc is not None:
+            rec.status, rec.reason = classify(exc), f"{type(exc).__name__}: {exc}".strip()
+        elif self.phase == "done":
+            rec.status, rec.reason = "ok", None
+        else:
+            rec.status = "incomplete"
+            done = sum(self.plan[p] for p in PHASES[:PHASES.index(self.phase)]) + self._in_phase if self.phase else 0
+            rec.reason = (f"the session was closed after {done} of the {self.total_steps} steps it needs "
+                          f"(in phase {self.phase}); train for at least {self.total_steps} steps, or lower the "
+                          f"Session's step counts")
+        try:
+            self._stop_profiler()
+            if self.phase == "memory_profile":
+                self._end_memory_cycle()
+        finally:
+            self._labels.remove()
+            for h in self._always:
+                h.remove()
+            self._write_record()
+        if self._commit:
+            self.path = store.commit(self.run_dir, self.target.parent if str(self.target.parent) else Path("."),
+                                     self.target.name).path
+        return self.path
+
+    # ------------------------------------------------------------------ phases
+
+    def _enter_next(self, index: int) -> None:
+        while index < len(PHASES) and self.plan[PHASES[index]] == 0:
+            index += 1
+        if index == len(PHASES):
+            self.phase = "done"
+            self._labels.remove()
+            return
+        self.phase, self._in_phase = PHASES[index], 0
+        if self.phase == "timed":
+            self._sync()
+            self._mark = time.perf_counter()
+        elif self.phase == "time_profile":
+            self._labels.install()
+            self._prof = self._profile(self.plan["time_profile"] - 1, self.run_dir.time_trace,
+                                       record_shapes=True, with_flops=True)
+            with self._native_output():
+                self._prof.start()
+            self._labels.open_data()
+        elif self.phase == "memory_profile":
+            self._start_memory_cycle()
+
+    def _finish_phase(self, phase: str) -> None:
+        if phase == "timed":
+            self._store_timings()
+        elif phase in ("time_profile", "memory_profile"):
+            self._stop_profiler()
+            if phase == "memory_profile":
+                self._end_memory_cycle()
+        self.record.phases_done.append(phase)
+
+    def _store_timings(self) -> None:
+        median = statistics.median(self._times)
+        tokens = self.tokens_per_step or (int(statistics.median(self._tokens)) if self._tokens else 0)
+        self.record.timings = {"step_times_s": self._times, "step_time_s": median, "tokens_per_step": tokens,
+                               "tokens_per_s": tokens / median if median > 0 else None, "losses": self._losses}
+
+    def _start_memory_cycle(self) -> None:
+        peaks = self.record.peaks
+        if self.cuda:
+            peaks["cuda_max_allocated_before_memory_cycle"] = torch.cuda.max_memory_allocated()
+            peaks["cuda_max_reserved_before_memory_cycle"] = torch.cuda.max_memory_reserved()
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.memory._record_memory_history(max_entries=CUDA_HISTORY_MAX_ENTRIES)
+        run_dir, device = self.run_dir, (f"cuda:{torch.cuda.current_device()}" if self.cuda else "cpu")
+
+        def on_ready(p: profile) -> None:
+            p.export_chrome_trace(str(run_dir.memory_trace))
+            # Categorized memory timeline (parameters, activations, gradients...); deprecated upstream in
+            # favour of the CUDA snapshot, which has no categories, so both are kept.
+            p.export_memory_timeline(str(run_dir.memory_timeline), device=device)
+
+        self._labels.install()
+        self._prof = self._profile(self.plan["memory_profile"] - 1, None, profile_memory=True,
+                                   record_shapes=True, with_stack=True)
+        self._prof.on_trace_ready = on_ready
+        with self._native_output():
+            self._prof.start()
+        self._labels.open_data()
+
+    def _end_memory_cycle(self) -> None:
+        peaks = self.record.peaks
+        if self.cuda:
+            try:
+                torch.cuda.memory._dump_snapshot(str(self.run_dir.cuda_snapshot))
+            finally:
+                torch.cuda.memory._record_memory_history(enabled=None)
+            peaks["cuda_max_allocated"] = torch.cuda.max_memory_allocated()
+            peaks["cuda_max_reserved"] = torch.cuda.max_memory_reserved()
+        peaks["process_rss_peak"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peaks["process_rss"] = psutil.Process().memory_info().rss
+
+    def _stop_profiler(self) -> None:
+        prof, self._prof = self._prof, None
+        if prof is not None:
+            self._labels.close_data()
+            with self._native_output():
+                prof.stop()  # mid-cycle, this still exports what was captured
+
+    def _take_inventory(self) -> None:
+        p = self.parts
+        self.record.inventory = take_inventory(p.model, p.optimizer, p.inner_optimizer)
+
+    def _inventory_due(self) -> bool:
+        return (self.phase == "memory_profile" and self._in_phase == self.plan["memory_profile"] - 1
+                and self.record.inventory is None)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _count_inputs(self, module, args, kwargs) -> None:
+        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+            ids = kwargs.get("input_ids") if kwargs else None
+            if ids is None:
+                ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+                self._tokens_now += ids.numel()
+
+    def _keep_loss(self, module, args, output) -> None:
+        loss = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+            self._last_loss = loss.detach()
+
+    @contextlib.contextmanager
+    def _native_output(self):
+        """Kineto's native code prints progress lines and the profiler warns about its own deprecations: into the
+        run's profiler.log, not the user's terminal. File descriptors, because native code bypasses sys.stderr."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            with open(self.run_dir.profiler_log, "ab") as log, warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
+                    warnings.formatwarning(message, category, filename, lineno, line).encode())
+                os.dup2(log.fileno(), 1)
+                os.dup2(log.fileno(), 2)
+                yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+
+    def _sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _profile(self, active: int, trace_path: Path | None, **kwargs) -> profile:
+        prof = profile(
+            activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else []),
+            # repeat=1: one cycle; with the default (0) a new, empty cycle starts after the trace is saved.
+            schedule=schedule(wait=0, warmup=1, active=active, repeat=1),
+            on_trace_ready=(lambda p: p.export_chrome_trace(str(trace_path))) if trace_path else None,
+            **kwargs,
+        )
+        prof.preset_metadata_json("profkit", json.dumps({"run": self.record.run, "method": self.record.method}))
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            # Kineto writes distributedInfo only under torch.distributed; HTA needs a rank to load a trace.
+            prof.preset_metadata_json("distributedInfo", json.dumps({"backend": "none", "rank": 0, "world_size": 1}))
+        return prof
+
+    def _attach_oom_observer(self) -> None:
+        """Dump the allocator state at the moment of an out-of-memory error, before tensors are freed."""
+        ref = weakref.ref(self)
+
+        def observer(device, alloc, device_alloc, device_free):  # signature fixed by torch
+            s = ref()
+            if s is not None and not s._closed:
+                torch.cuda.memory._dump_snapshot(str(s.run_dir.oom_snapshot))
+
+        torch._C._cuda_attach_out_of_memory_observer(observer)
+
+    def _write_record(self) -> None:
+        rec = self.record
+        rec.finished_at = now()
+        rec.wall_s = time.perf_counter() - self._t0
+        rec.files = sorted(p.name for p in self.run_dir.path.iterdir() if not p.name.startswith("."))
+        self.run_dir.write_manifest(rec.to_json())
+
+
+class _Labels:
+    """The phase labels of the profiling cycles: hooks installed for those cycles only, so timed steps run
+    with nothing added. Ranges are opened and closed on the thread that runs the code they label."""
+
+    def __init__(self, session: Session):
+        self.session = session
+        self.handles: list = []
+        self.patched: list[tuple[Any, str, Any, bool]] = []  # (object, attribute, original, was instance attr)
+        self.local = threading.local()
+        self.data = None
+        self.active = False
+
+    def _local(self, name: str, default):
+        if not hasattr(self.local, name):
+            setattr(self.local, name, default)
+        return getattr(self.local, name)
+
+    # -- install / remove
+
+    def install(self) -> None:
+        if self.active:
+            return
+        self.active = True
+        s = self.session
+        model = s.parts.model
+        self.handles.append(model.register_forward_pre_hook(self._forward_pre))
+        self.handles.append(model.register_forward_hook(self._forward_post, always_call=True))
+        # Hooks cost a few microseconds per call: only on normalization layers.
+        for module in model.modules():
+            if module is not model and type(module).__name__.endswith(NORM_CLASS_SUFFIXES):
+                self.handles.append(module.register_forward_pre_hook(self._module_pre))
+                self.handles.append(module.register_forward_hook(self._module_post, always_call=True))
+        # Gradient checkpointing: transformers (and peft, TRL) checkpoint through each layer's
+        # ``_gradient_checkpointing_func``, bound when checkpointing was enabled; other code calls
+        # ``torch.utils.checkpoint.checkpoint``. Both are wrapped so the recomputation is labelled.
+        if s.parts.optimizer is not None:
+            import torch.utils.checkpoint as checkpoint_module
+            for module in model.modules():
+                func = vars(module).get("_gradient_checkpointing_func")
+                if func is not None:
+                    self._patch(module, "_gradient_checkpointing_func", self._recompute_labelled(func))
+            self._patch(checkpoint_module, "checkpoint", self._recompute_labelled(checkpoint_module.checkpoint))
+        self._patch(torch.autograd, "backward", self._wrap(torch.autograd.backward, labels.BACKWARD))
+        self._label_optimizer()
+
+    def _label_optimizer(self) -> None:
+        p = self.session.parts
+        if p.engine is not None:
+            self._patch(p.engine, "step", self._wrap(p.engine.step, labels.OPTIMIZER, inventory=True))
+        elif isinstance(p.optimizer, torch.optim.Optimizer):
+            self.handles.append(p.optimizer.register_step_pre_hook(lambda *a: self._optimizer_pre()))
+            self.handles.append(p.optimizer.register_step_post_hook(lambda *a: self._optimizer_post()))
+        elif p.optimizer is not None and callable(getattr(p.optimizer, "step", None)):
+            self._patch(p.optimizer, "step", self._wrap(p.optimizer.step, labels.OPTIMIZER, inventory=True))
+
+    def _patch(self, obj: Any, attr: str, replacement: Any) -> None:
+        had = attr in vars(obj)
+        self.patched.append((obj, attr, vars(obj).get(attr), had))
+        setattr(obj, attr, replacement)
+
+    def remove(self) -> None:
+        self.close_data()
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+        for obj, attr, original, had in reversed(self.patched):
+            if had:
+                setattr(obj, attr, original)
+            else:
+                delattr(obj, attr)
+        self.patched.clear()
+        self.active = False
+
+    # -- ranges
+
+    @staticmethod
+    def _open(name: str):
+        rf = record_function(name)
+        rf.__enter__()
+        return rf
+
+    def open_data(self) -> None:
+        # Training only: between one optimizer step and the next forward is the data loading. Inference has
+        # no such boundary (generate() calls forward once per token), so its loop labels data itself.
+        if self.active and self.data is None and self.session.parts.optimizer is not None:
+            self.data = self._open(labels.DATA)
+
+    def close_data(self) -> None:
+        if self.data is not None:
+            self.data.__exit__(None, None, None)
+            self.data = None
+
+    def _wrap(self, fn: Callable, name: str, inventory: bool = False) -> Callable:
+        def labelled(*args, **kwargs):
+            if inventory:
+                self._maybe_inventory()
+            inside = self._local("inside", set())
+            if name in inside:  # DeepSpeed's step calling a wrapped step, a backward inside a backward
+                return fn(*args, **kwargs)
+            inside.add(name)
+            try:
+                with record_function(name):
+                    return fn(*args, **kwargs)
+            finally:
+                inside.discard(name)
+        labelled.__wrapped__ = fn
+        return labelled
+
+    def _maybe_inventory(self) -> None:
+        if self.session._inventory_due():
+            self.session._take_inventory()
+
+    def _optimizer_pre(self) -> None:
+        self._maybe_inventory()
+        self.local.optimizer = self._open(labels.OPTIMIZER)
+
+    def _optimizer_post(self) -> None:
+        rf = self._local("optimizer", None)
+        if rf is not None:
+            rf.__exit__(None, None, None)
+            self.local.optimizer = None
+
+    def _forward_pre(self, module, args) -> None:
+        self.close_data()
+        stack = self._local("forward", [])
+        outermost = not any(stack)
+        labelled = torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1 and outermost
+        stack.append(self._open(labels.FORWARD) if labelled else None)
+
+    def _forward_post(self, module, args, output) -> None:
+        stack = self._local("forward", [])
+        if stack:
+            rf = stack.pop()
+            if rf is not None:
+                rf.__exit__(None, None, None)
+
+    @staticmethod
+    def _recompute_labelled(checkpoint_func: Callable) -> Callable:
+        def checkpoint(function, *args, **kwargs):
+            def run(*a, **k):
+                # Inside autograd's backward a graph task is running: this call is the recomputation.
+                if torch._C._current_graph_task_id() != -1:
+                    with record_function(labels.RECOMPUTE):
+                        return function(*a, **k)
+                return function(*a, **k)
+            return checkpoint_func(run, *args, **kwargs)
+        checkpoint.__wrapped__ = checkpoint_func
+        return checkpoint
+
+    def _module_pre(self, module, args) -> None:
+        self._local("modules", []).append(self._open(labels.NORM))
+
+    def _module_post(self, module, args, output) -> None:
+        stack = self._local("modules", [])
+        if stack:
+            stack.pop().__exit__(None, None, None)
+
+
+def _device_of(model: torch.nn.Module) -> str:
+    for p in model.parameters():
+        return p.device.type
+    return "cpu"
+
+
+def device_info(device: str) -> dict:
+    import os
+    import platform
+
+    info = {"type": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform()}
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        info.update(name=props.name, total_memory=props.total_memory, cuda=torch.version.cuda,
+                    capability=f"{props.major}.{props.minor}")
+    else:
+        info["name"] = platform.processor() or platform.machine()
+    return info
+
+
+def classify(exc: BaseException) -> str:
+    """The status a run that ended in ``exc`` gets."""
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if type(exc).__name__ == "UnsupportedError":
+        return "unsupported"
+    return "failed"
+
+
+class _ProcessEnded(Exception):
+    pass
+
+
+def _unhandled_exception() -> BaseException:
+    """At exit with a session still open: the exception that ended the process, if Python kept it."""
+    exc = getattr(sys, "last_value", None) or getattr(sys, "last_exc", None)
+    return exc if isinstance(exc, BaseException) else _ProcessEnded(
+        "the process ended with the session still open (an exception in the training loop, or sys.exit)")
