@@ -146,6 +146,11 @@ def model_info(parts: Parts) -> dict:
             "optimizer": type(parts.inner_optimizer).__name__ if parts.inner_optimizer is not None else None,
             "zero_optimizer": type(parts.optimizer).__name__ if parts.optimizer is not parts.inner_optimizer else None,
             "double_quant": _double_quant(model)}
+    stage = zero_stage(parts)
+    if stage:  # the bucket sizes DeepSpeed really uses, whatever config (default or "auto") set them
+        info["zero"] = {"stage": stage, **{k: int(getattr(parts.optimizer, k)) for k in
+                                           ("reduce_bucket_size", "allgather_bucket_size")
+                                           if isinstance(getattr(parts.optimizer, k, None), (int, float))}}
     to_diff = getattr(config, "to_diff_dict", None)
     if callable(to_diff):
         try:

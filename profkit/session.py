@@ -58,6 +58,9 @@ PHASES = ("warmup", "timed", "time_profile", "memory_profile")
 NORM_CLASS_SUFFIXES = ("RMSNorm", "LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d")
 
 
+_OPEN: "weakref.ref[Session] | None" = None  # the session open in this process, if any
+
+
 class Session:
     """Record one run of the caller's training loop into ``path`` (a run directory, as ``profkit record``
     writes). Call ``step()`` once per optimizer step; use as a context manager or call ``close()``."""
@@ -79,12 +82,9 @@ class Session:
             raise TypeError(f"Session(model=...): an nn.Module or a DeepSpeed engine, not {type(model).__name__}")
         self.target = path
         self._commit = commit
-        if commit:
-            self.run_dir = store.new_partial(path.parent if str(path.parent) else Path("."), path.name)
-        else:  # the caller made ``path`` as a partial directory and commits it (profkit record's worker)
-            path.mkdir(parents=True, exist_ok=True)
-            self.run_dir = store.RunDir(path)
-        self.path = self.run_dir.path
+        self.root = path.parent if str(path.parent) else Path(".")
+        self.run_dir: store.RunDir | None = None  # made at start(), so a session refused there leaves nothing
+        self.path = path
         self.plan = dict(zip(PHASES, (warmup_steps, timed_steps, 1 + profiled_steps, 1 + memory_steps)))
         self.progress = progress or (lambda phase: None)
         self.tokens_per_step = tokens_per_step
@@ -112,8 +112,7 @@ class Session:
         self._prof: profile | None = None
         self._labels = _Labels(self)
         self._t0 = time.perf_counter()
-        self._always = [self.parts.model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
-                        self.parts.model.register_forward_hook(self._keep_loss)]
+        self._always: list = []
         self._finalizer = None
 
     # ------------------------------------------------------------------ public
@@ -141,7 +140,22 @@ class Session:
     def start(self) -> None:
         if self._started:
             return
+        global _OPEN
+        other = _OPEN() if _OPEN is not None else None
+        if other is not None and not other._closed and other is not self:
+            # Kineto is one per process: a second profiler started beside the first crashes the interpreter.
+            raise RuntimeError(f"another profkit Session is open in this process (recording into {other.target}); "
+                               "torch.profiler runs one profiler per process: close that session first")
+        _OPEN = weakref.ref(self)
         self._started = True
+        if self._commit:
+            self.run_dir = store.new_partial(self.root, self.target.name)
+        else:  # the caller made ``path`` as a partial directory and commits it (profkit record's worker)
+            self.target.mkdir(parents=True, exist_ok=True)
+            self.run_dir = store.RunDir(self.target)
+        self.path = self.run_dir.path
+        self._always = [self.parts.model.register_forward_pre_hook(self._count_inputs, with_kwargs=True),
+                        self.parts.model.register_forward_hook(self._keep_loss)]
         if self.cuda:
             self._attach_oom_observer()
         # A process that ends with the session open (an exception escaping a Trainer, sys.exit) still
@@ -187,6 +201,9 @@ class Session:
         """End the session: stop what is running, write the manifest, move the run into place."""
         if self._closed:
             return self.path
+        if not self._started:  # never started: nothing was recorded or written
+            self._closed = True
+            return self.path
         self._closed = True
         if self._finalizer is not None:
             atexit.unregister(self._finalizer)
@@ -211,8 +228,7 @@ class Session:
                 h.remove()
             self._write_record()
         if self._commit:
-            self.path = store.commit(self.run_dir, self.target.parent if str(self.target.parent) else Path("."),
-                                     self.target.name).path
+            self.path = store.commit(self.run_dir, self.root, self.target.name).path
         return self.path
 
     # ------------------------------------------------------------------ phases

@@ -45,6 +45,13 @@ def test_every_method_records(matrix, name):
     assert manifest["run_settings"]["batch_size"] == get_preset("micro").batch_size
     assert manifest["timings"]["step_time_s"] > 0 and manifest["timings"]["tokens_per_s"] > 0
     assert manifest["phases_done"] == ["warmup", "timed", "time_profile", "memory_profile"]
+    # The method as the live objects show it (peft, bitsandbytes, DeepSpeed) is the one the registry built.
+    found, settings = manifest["model"]["found"], manifest["settings"]
+    for key in ("adapter", "quantization", "gradient_checkpointing", "zero_stage", "lora_r", "lora_alpha", "lora_dropout"):
+        if key in settings:
+            assert found[key] == settings[key], key
+    if "lora_targets" in settings:
+        assert sorted(found["lora_targets"]) == sorted(settings["lora_targets"])
     # Both cycles wrote Kineto traces that parse, carry a rank for HTA and ProfilerStep markers.
     for trace_file in ("time.pt.trace.json.gz", "memory.pt.trace.json.gz"):
         trace = load_trace(run / trace_file)

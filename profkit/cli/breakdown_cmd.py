@@ -12,7 +12,7 @@ from rich.table import Table
 from profkit.analyze import Breakdown, breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.cli.common import Format, chunks, fail_usage
-from profkit.report import tables
+from profkit.report import findings, tables
 from profkit.report.units import human_bytes, human_seconds
 
 EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed (each is named, the others "
@@ -115,6 +115,8 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     if baseline:
         for sentence in tables.delta_sentences(bd, baseline):
             out.print(sentence, highlight=False)
+    for sentence in findings.engine_differences(bd):
+        out.print(sentence, highlight=False)
     for note in bd.common_notes():
         out.print(f"[dim]note: {note}[/]", highlight=False)
     for run, notes in bd.notes.items():

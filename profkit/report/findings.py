@@ -107,7 +107,39 @@ def findings(bd: Breakdown) -> list[str]:
             top = row.idxmax()
             out.append(f"{run}: the largest time category is {top}, {human_seconds(row[top])} of "
                        f"{human_seconds(row.sum())} per profiled step ({100 * row[top] / row.sum():.0f}%).")
+    out += engine_differences(bd)
     if len(v.runs):
         for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
             out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
+    return out
+
+
+ENGINE_NAMES = {"loop": "profkit's loop", "trainer": "transformers.Trainer", "session": "a user's loop"}
+BUCKET_ORIGIN = {"loop": "DeepSpeed's default", "trainer": "Hugging Face's \"auto\": hidden_size^2"}
+
+
+def engine_differences(bd: Breakdown) -> list[str]:
+    """One method recorded by two engines (``profkit record --engine loop|trainer``): where the memory differs,
+    and, for ZeRO, the reduce bucket each engine's DeepSpeed config gave the optimizer."""
+    v = _View(bd)
+    out = []
+    by_method: dict[str, dict[str, str]] = {}
+    for run, rec in bd.records.items():
+        by_method.setdefault(rec.method, {})[rec.engine] = run
+    for method, engines in by_method.items():
+        a, b = engines.get("loop"), engines.get("trainer")
+        if not (a and b and v.has(a, b)):
+            continue
+        deltas = {c: v.m(a, c) - v.m(b, c) for c in v.mem.columns}
+        top = max(deltas, key=lambda c: abs(deltas[c]))
+        sentence = (f"{a} ({ENGINE_NAMES['loop']}) vs {b} ({ENGINE_NAMES['trainer']}): peak {human_bytes(v.peak(a))} "
+                    f"vs {human_bytes(v.peak(b))}, the largest difference in {top} ({'+' if deltas[top] >= 0 else '-'}"
+                    f"{human_bytes(abs(deltas[top]))}); clean step {human_seconds(v.clean(a))} vs "
+                    f"{human_seconds(v.clean(b))}")
+        za, zb = (bd.records[r].model.get("zero") or {} for r in (a, b))
+        if "reduce_bucket_size" in za and "reduce_bucket_size" in zb:
+            sentence += (f". DeepSpeed's reduce bucket holds {za['reduce_bucket_size']:,} elements under "
+                         f"{ENGINE_NAMES['loop']} ({BUCKET_ORIGIN['loop']}) against {zb['reduce_bucket_size']:,} under "
+                         f"the Trainer ({BUCKET_ORIGIN['trainer']})")
+        out.append(sentence + ".")
     return out
