@@ -13,12 +13,12 @@ import sys
 import traceback
 from pathlib import Path
 
+from profkit.exitcodes import for_status
 from profkit.manifest import RunRecord, new_record, now
 from profkit.methods import get_method
 from profkit.settings import RunSettings
 from profkit.store import RunDir
 
-EXIT_CODES = {"ok": 0, "failed": 1, "unsupported": 3, "oom": 4, "incomplete": 5, "interrupted": 130}
 
 
 def predict(method, settings: RunSettings, device: str) -> dict:
@@ -52,11 +52,11 @@ def run(settings: RunSettings, run_dir: RunDir, events) -> str:
         if method.kind == "train":
             # The prediction is made before the run, so an OOM or failed run still carries it.
             record.estimate = predict(method, settings, device)
+        record.model = {"preset": None if settings.model_path else settings.preset, "path": settings.model_path}
         workload = build(method, settings, device)
 
         def make_session(model, optimizer) -> Session:
-            record.model = {"preset": None if settings.model_path else settings.preset, "path": settings.model_path,
-                            **describe.model_info(describe.unwrap(model, optimizer))}
+            record.model.update(describe.model_info(describe.unwrap(model, optimizer)))
             sessions.append(Session(run_dir.path, model, optimizer, warmup_steps=settings.warmup_steps,
                                     timed_steps=settings.timed_steps, profiled_steps=settings.profiled_steps,
                                     memory_steps=settings.memory_steps, tokens_per_step=workload.tokens_per_step,
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     events = os.fdopen(args.events_fd, "w") if args.events_fd is not None else open(os.devnull, "w")
     status = run(RunSettings.from_json(json.loads(args.settings)), RunDir(args.run_dir), events)
-    return EXIT_CODES[status]
+    return for_status(status)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 import json
 
 from profkit import store
+from profkit.manifest import RunRecord
 
 
 def make_partial(root, run, status):
     partial = store.new_partial(root, run)
-    partial.write_manifest({"run": run, "status": status})
+    partial.write_manifest(RunRecord(run=run, method=run, kind="train", settings={}, status=status).to_json())
     return partial
 
 
@@ -30,3 +31,16 @@ def test_partial_directories_are_not_runs(tmp_path):
     partial = make_partial(tmp_path, "lora", "ok")
     assert store.find_runs(tmp_path) == []
     assert not store.is_run_dir(partial.path)
+
+
+def test_a_users_directory_is_never_replaced(tmp_path):
+    mine = tmp_path / "lora"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    try:
+        store.commit(make_partial(tmp_path, "lora", "ok"), tmp_path, "lora")
+    except store.NotARunError as exc:
+        assert "not a profkit run directory" in str(exc)
+    else:
+        raise AssertionError("a directory that is not a run was replaced")
+    assert (mine / "notes.txt").read_text() == "mine"

@@ -85,7 +85,23 @@ def discover(paths: list[Path]) -> tuple[list[Source], list[Problem]]:
             if not found:
                 problems.append(Problem(path, "no profkit runs or Kineto traces found in this directory"))
             sources += found
-    return sources, problems
+    return _unique_names(sources), problems
+
+
+def _unique_names(sources: list[Source]) -> list[Source]:
+    """Runs of the same name from different directories (two recordings of ``lora``) are told apart by their
+    parent directory's name, and by a counter if that is not enough: a run name is a table column."""
+    from collections import Counter
+    from dataclasses import replace
+
+    counts = Counter(s.run for s in sources)
+    renamed = [replace(s, run=f"{s.path.parent.name}/{s.run}") if counts[s.run] > 1 else s for s in sources]
+    seen: Counter = Counter()
+    out = []
+    for s in renamed:
+        seen[s.run] += 1
+        out.append(s if seen[s.run] == 1 else replace(s, run=f"{s.run}#{seen[s.run]}"))
+    return out
 
 
 def _discover_dir(path: Path, problems: list[Problem], depth: int = 0) -> list[Source]:

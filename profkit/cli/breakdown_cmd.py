@@ -11,6 +11,7 @@ from rich.table import Table
 
 from profkit.analyze import Breakdown, breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
+from profkit.exitcodes import Exit
 from profkit.cli.common import Format, chunks, fail_usage
 from profkit.report import findings, tables
 from profkit.report.units import human_bytes, human_seconds
@@ -52,7 +53,7 @@ def breakdown(
         err.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {problem}",
                   highlight=False)
     if bd.failed:
-        raise typer.Exit(1)
+        raise typer.Exit(Exit.FAILED)
 
 
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:

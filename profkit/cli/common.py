@@ -6,14 +6,15 @@ from enum import Enum
 from typing import NoReturn
 
 import typer
+
+from profkit.exitcodes import Exit
 from rich.console import Console
 
-EXIT_USAGE = 2
 
 
 def fail_usage(message: str) -> NoReturn:
     Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False)
-    raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(Exit.USAGE)
 
 
 class Format(str, Enum):

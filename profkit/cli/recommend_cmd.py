@@ -11,14 +11,14 @@ from rich.table import Table
 from profkit import recommend as ranking
 from profkit import store
 from profkit.cli.common import fail_usage
+from profkit.exitcodes import Exit
 from profkit.cli.estimate_cmd import run_estimates, workload_settings
 from profkit.methods import METHODS
 from profkit.presets import DEFAULT_PRESET, PRESETS
 from profkit.report.units import human_bytes, human_seconds, parse_bytes
 from profkit.settings import RunSettings
 
-EXIT_NOTHING_FITS = 1
-EPILOG = (f"Exit codes: 0 at least one method fits; {EXIT_NOTHING_FITS} nothing fits the budget (the closest are "
+EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits the budget (the closest are "
           "shown); 2 bad arguments.")
 
 
@@ -45,7 +45,7 @@ def recommend(
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
     _print(ranked, budget_bytes, settings, target)
     if not ranked.fits.any():
-        raise typer.Exit(EXIT_NOTHING_FITS)
+        raise typer.Exit(Exit.FAILED)
 
 
 def _training_runs(path: Path):
@@ -59,7 +59,7 @@ def _training_runs(path: Path):
     runs = bd.runs
     if runs.empty:
         return runs
-    return runs[runs.method.map(lambda m: getattr(METHODS.get(m), "kind", None) == "train")]
+    return runs[runs.get("kind", pd.Series(index=runs.index, dtype=object)) == "train"]
 
 
 def _settings_of_runs(path: Path) -> tuple[RunSettings, str]:

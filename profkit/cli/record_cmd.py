@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from profkit import runner
 from profkit.cli.common import fail_usage
+from profkit.exitcodes import Exit
 from profkit.report.units import human_bytes
 from profkit.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
@@ -17,10 +18,9 @@ from profkit.settings import RunSettings
 ENGINES = ("loop", "trainer")
 from profkit.store import DEFAULT_ROOT
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EPILOG = (f"Exit codes: {EXIT_OK} every run ok; {EXIT_FAILED} a run failed or ran out of memory; "
-          f"{EXIT_USAGE} bad arguments (e.g. an unknown method); {EXIT_UNSUPPORTED} a method is unsupported "
-          f"on this device (the others were recorded); {EXIT_INTERRUPTED} interrupted.")
+EPILOG = (f"Exit codes: {Exit.OK.value} every run ok; {Exit.FAILED.value} a run failed or ran out of memory; "
+          f"{Exit.USAGE.value} bad arguments (e.g. an unknown method); {Exit.UNSUPPORTED.value} a method is "
+          f"unsupported on this device (the others were recorded); {Exit.INTERRUPTED.value} interrupted.")
 STATUS_STYLE = {"ok": "green", "unsupported": "yellow", "interrupted": "yellow", "oom": "red", "failed": "red"}
 
 
@@ -107,9 +107,9 @@ def record(
             outcomes = runner.record(chosen, base, output, _ProgressObserver(progress, len(chosen)))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: the run in progress is marked 'interrupted'; complete runs are kept")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise typer.Exit(Exit.INTERRUPTED)
     statuses = {o.status for o in outcomes}
     if statuses & {"failed", "oom"}:
-        raise typer.Exit(EXIT_FAILED)
+        raise typer.Exit(Exit.FAILED)
     if "unsupported" in statuses:
-        raise typer.Exit(EXIT_UNSUPPORTED)
+        raise typer.Exit(Exit.UNSUPPORTED)

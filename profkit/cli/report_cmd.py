@@ -5,6 +5,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from profkit.exitcodes import Exit
 from profkit.report.document import command_line, write_report
 
 
@@ -21,4 +22,4 @@ def report(
                       highlight=False)
     console.print(f"wrote {rep.markdown_path}, {rep.html_path} and {len(rep.images)} plots", highlight=False)
     if rep.breakdown.failed:
-        raise typer.Exit(1)
+        raise typer.Exit(Exit.FAILED)

@@ -16,8 +16,14 @@ def _pct(new: float, old: float) -> float:
     return 100.0 * (new - old) / old if old else float("nan")
 
 
+# The settings that make two runs the same method apart from the one difference a finding is about.
+SHAPE = ("adapter", "quantization", "gradient_checkpointing", "zero_stage", "lora_r", "lora_targets")
+PLAIN_LORA = {"kind": "train", "adapter": "lora", "quantization": None, "zero_stage": 0, "gradient_checkpointing": False}
+
+
 class _View:
     def __init__(self, bd: Breakdown):
+        self.records = bd.records
         self.runs = bd.runs.set_index("run") if not bd.runs.empty else pd.DataFrame()
         self.mem = tables.memory_at(bd)
         self.tim = tables.time_per_step(bd)
@@ -45,54 +51,65 @@ class _View:
     def params(self, run: str) -> float:
         return sum(self.m(run, c) for c in ("parameters_trainable", "parameters_frozen", "parameters_quantized"))
 
+    def shape(self, run: str) -> dict:
+        """What a run's method is, from its manifest (never from its name), plus the engine that ran it."""
+        rec = self.records[run]
+        out = {k: rec.settings.get(k) for k in SHAPE}
+        out["lora_targets"] = tuple(sorted(out["lora_targets"] or ()))
+        return {**out, "kind": rec.kind, "engine": rec.engine}
+
+    def pairs(self, base: dict, change: dict) -> list[tuple[str, str]]:
+        """Complete runs (a, b) where a matches ``base`` and b is a with only ``change`` applied."""
+        runs = [r for r in self.records if r in self.ok and r in self.mem.index and r in self.tim.index]
+        shapes = {r: self.shape(r) for r in runs}
+        return [(a, b) for a in runs if all(shapes[a].get(k) == v for k, v in base.items())
+                for b in runs if shapes[b] == {**shapes[a], **change}]
+
 
 def findings(bd: Breakdown) -> list[str]:
     v = _View(bd)
     out: list[str] = []
-    for base in ("full", "lora", "qlora", "lora_zero2", "lora_zero3", "qlora_zero2", "qlora_zero3"):
-        gc = f"{base}_gc"
-        if v.has(base, gc):
-            act_b, act_g = v.m(base, "activations"), v.m(gc, "activations")
-            rec_points = 100 * v.t(gc, "recompute") / v.profiled(base)
-            out.append(
-                f"Gradient checkpointing ({gc} vs {base}) cut activations at the peak by "
-                f"{-_pct(act_g, act_b):.0f}% ({human_bytes(act_b)} -> {human_bytes(act_g)}) and the measured peak by "
-                f"{-_pct(v.peak(gc), v.peak(base)):.0f}%, at {_pct(v.profiled(gc), v.profiled(base)):+.0f}% profiled "
-                f"step time, of which {rec_points:.0f} points are recompute ({human_seconds(v.t(gc, 'recompute'))}/step); "
-                f"clean step time {_pct(v.clean(gc), v.clean(base)):+.0f}%.")
-    if v.has("full", "lora"):
+    for base, gc in v.pairs({"kind": "train", "gradient_checkpointing": False}, {"gradient_checkpointing": True}):
+        act_b, act_g = v.m(base, "activations"), v.m(gc, "activations")
+        rec_points = 100 * v.t(gc, "recompute") / v.profiled(base)
         out.append(
-            f"LoRA trains {human_bytes(v.m('lora', 'parameters_trainable'))} of parameters instead of "
-            f"{human_bytes(v.m('full', 'parameters_trainable'))}, so its optimizer state is "
-            f"{human_bytes(v.m('lora', 'optimizer_state'))} against full fine-tuning's "
-            f"{human_bytes(v.m('full', 'optimizer_state'))}; its peak is {human_bytes(v.peak('lora'))} against "
-            f"{human_bytes(v.peak('full'))}, and its clean step {_pct(v.clean('lora'), v.clean('full')):+.0f}% "
-            f"({human_seconds(v.clean('lora'))} vs {human_seconds(v.clean('full'))}).")
-    if v.has("lora", "qlora"):
-        q = v.m("qlora", "parameters_quantized")
+            f"Gradient checkpointing ({gc} vs {base}) cut activations at the peak by "
+            f"{-_pct(act_g, act_b):.0f}% ({human_bytes(act_b)} -> {human_bytes(act_g)}) and the measured peak by "
+            f"{-_pct(v.peak(gc), v.peak(base)):.0f}%, at {_pct(v.profiled(gc), v.profiled(base)):+.0f}% profiled "
+            f"step time, of which {rec_points:.0f} points are recompute ({human_seconds(v.t(gc, 'recompute'))}/step); "
+            f"clean step time {_pct(v.clean(gc), v.clean(base)):+.0f}%.")
+    for lora, full in v.pairs(PLAIN_LORA, {"adapter": "none", "lora_r": None, "lora_targets": ()}):
         out.append(
-            f"QLoRA holds {human_bytes(v.params('qlora'))} of parameters against LoRA's {human_bytes(v.params('lora'))}"
-            f" (NF4 weights with their quantization state: {human_bytes(q)}); 4-bit (de)quantization costs "
-            f"{human_seconds(v.t('qlora', 'quantization'))} per profiled step, and its clean step is "
-            f"{_pct(v.clean('qlora'), v.clean('lora')):+.0f}% against LoRA.")
+            f"LoRA ({lora}) trains {human_bytes(v.m(lora, 'parameters_trainable'))} of parameters instead of "
+            f"{human_bytes(v.m(full, 'parameters_trainable'))} ({full}), so its optimizer state is "
+            f"{human_bytes(v.m(lora, 'optimizer_state'))} against full fine-tuning's "
+            f"{human_bytes(v.m(full, 'optimizer_state'))}; its peak is {human_bytes(v.peak(lora))} against "
+            f"{human_bytes(v.peak(full))}, and its clean step {_pct(v.clean(lora), v.clean(full)):+.0f}% "
+            f"({human_seconds(v.clean(lora))} vs {human_seconds(v.clean(full))}).")
+    for lora, qlora in v.pairs(PLAIN_LORA, {"quantization": "nf4"}):
+        q = v.m(qlora, "parameters_quantized")
+        out.append(
+            f"QLoRA ({qlora}) holds {human_bytes(v.params(qlora))} of parameters against LoRA's "
+            f"{human_bytes(v.params(lora))} (NF4 weights with their quantization state: {human_bytes(q)}); 4-bit "
+            f"(de)quantization costs {human_seconds(v.t(qlora, 'quantization'))} per profiled step, and its clean "
+            f"step is {_pct(v.clean(qlora), v.clean(lora)):+.0f}% against LoRA.")
     for stage in (2, 3):
-        z = f"lora_zero{stage}"
-        if v.has("lora", z):
-            deltas = {c: v.m(z, c) - v.m("lora", c) for c in v.mem.columns}
+        for lora, z in v.pairs(PLAIN_LORA, {"zero_stage": stage}):
+            deltas = {c: v.m(z, c) - v.m(lora, c) for c in v.mem.columns}
             top = max(deltas, key=lambda c: deltas[c])
             out.append(
                 f"ZeRO-{stage} on one process ({z}) has no one to shard with: its peak is "
-                f"{human_bytes(v.peak(z))} against LoRA's {human_bytes(v.peak('lora'))} "
-                f"({_pct(v.peak(z), v.peak('lora')):+.0f}%), the largest growth being {top} "
+                f"{human_bytes(v.peak(z))} against LoRA's {human_bytes(v.peak(lora))} "
+                f"({_pct(v.peak(z), v.peak(lora)):+.0f}%), the largest growth being {top} "
                 f"(+{human_bytes(deltas[top])}); optimizer state grows by "
                 f"{human_bytes(deltas.get('optimizer_state', 0))} (an fp32 master copy), and communication takes "
                 f"{human_seconds(v.t(z, 'communication'))} per profiled step.")
-    if v.has("infer_fp16", "infer_int4"):
+    for fp16, int4 in v.pairs({"kind": "infer", "quantization": None}, {"quantization": "nf4"}):
         tps = lambda r: float(v.runs.loc[r, "tokens_per_s"])
         out.append(
-            f"NF4 inference holds {human_bytes(v.params('infer_int4'))} of parameters against "
-            f"{human_bytes(v.params('infer_fp16'))} and generates {tps('infer_int4'):,.0f} tokens/s against "
-            f"{tps('infer_fp16'):,.0f} ({_pct(tps('infer_int4'), tps('infer_fp16')):+.0f}%).")
+            f"NF4 inference ({int4}) holds {human_bytes(v.params(int4))} of parameters against "
+            f"{human_bytes(v.params(fp16))} ({fp16}) and generates {tps(int4):,.0f} tokens/s against "
+            f"{tps(fp16):,.0f} ({_pct(tps(int4), tps(fp16)):+.0f}%).")
     ratios = {r: v.profiled(r) / v.clean(r) for r in v.tim.index
               if r in v.ok and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and v.clean(r) > 0}
     if ratios:

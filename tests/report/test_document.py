@@ -73,7 +73,7 @@ def test_findings_quote_numbers(report):
     section = text[text.index("## Findings"):text.index("## Runs")]
     sentences = [l for l in section.splitlines() if l.startswith("- ")]
     assert any(s.startswith("- Gradient checkpointing (lora_gc vs lora) cut activations") for s in sentences)
-    assert any(s.startswith("- QLoRA holds") for s in sentences)
+    assert any(s.startswith("- QLoRA (qlora) holds") for s in sentences)
     assert any("ZeRO-2 on one process" in s for s in sentences)
     assert all(re.search(r"\d", s) for s in sentences)
 
@@ -88,3 +88,17 @@ def test_report_cli(matrix, tmp_path):
     result = run_cli("report", str(matrix / "lora"), str(matrix / "lora_gc"), "-o", str(tmp_path / "r"))
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "r" / "report.md").exists() and (tmp_path / "r" / "report.html").exists()
+
+
+def test_findings_pair_runs_by_their_manifest_not_their_names(matrix, tmp_path):
+    """A user's run names say nothing about the method: findings read what each run is from its manifest."""
+    from profkit.analyze import breakdown
+    from profkit.report.findings import findings
+
+    shutil.copytree(matrix / "lora", tmp_path / "baseline")
+    shutil.copytree(matrix / "lora_gc", tmp_path / "with_checkpointing")
+    shutil.copytree(matrix / "qlora", tmp_path / "small")
+    sentences = findings(breakdown([tmp_path]))
+    assert any(s.startswith("Gradient checkpointing (with_checkpointing vs baseline)") for s in sentences)
+    assert any(s.startswith("QLoRA (small) holds") for s in sentences)
+    assert not any("(small vs" in s or "ZeRO" in s for s in sentences)
