@@ -22,7 +22,7 @@ from profkit.analyze.trace import TraceError, load_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 MEMORY_COLUMNS = ["run", "method", "category", "phase", "bytes"]
-TIME_COLUMNS = ["run", "method", "resource", "category", "phase", "seconds"]
+TIME_COLUMNS = ["run", "method", "resource", "category", "phase", "seconds", "overlapped_seconds"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class Problem:
 class Breakdown:
     runs: pd.DataFrame  # one row per run: status, timings, measured peak, coverage
     memory: pd.DataFrame  # run, method, category, phase, bytes
-    time: pd.DataFrame  # run, method, resource, category, phase, seconds (per profiled step)
+    time: pd.DataFrame  # run, method, resource, category, phase, seconds, overlapped_seconds (per profiled step;
+    # GPU: seconds is exposed time, overlapped_seconds the kernel time hidden under higher-priority work)
     time_by_name: pd.DataFrame  # run, method, resource, category, name, seconds
     measured: pd.DataFrame  # run, method, phase, measured_peak_bytes, source
     predicted: pd.DataFrame  # run, method, category, phase, predicted_bytes, measured_bytes, error
@@ -188,6 +189,8 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         notes += t.notes
     except TraceError as exc:
         problems.append(Problem(exc.path, exc.reason))
+    except Exception as exc:  # no input may end in a traceback: name the file, keep analysing the others
+        problems.append(Problem(time_trace, _unexpected(exc)))
 
     if record is None:
         notes.append("memory breakdown unavailable: not recorded by profkit, so there is no inventory of "
@@ -213,7 +216,14 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         problems.append(Problem(exc.path, exc.reason))
     except ValueError as exc:
         problems.append(Problem(run_dir.memory_timeline, str(exc)))
+    except Exception as exc:
+        problems.append(Problem(run_dir.path, _unexpected(exc)))
     return row, notes
+
+
+def _unexpected(exc: Exception) -> str:
+    return (f"could not be analysed: {type(exc).__name__}: {exc} (an input profkit does not understand; please "
+            "report it with the file)")
 
 
 __all__ = ["Breakdown", "MEMORY_CATEGORIES", "TIME_CATEGORIES", "breakdown", "discover"]

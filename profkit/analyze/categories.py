@@ -1,6 +1,7 @@
 """Operator and kernel categories: one readable table of rules, first match wins.
 
-Rules match the name of a CPU op (``aten::mm``) or of a GPU kernel (``sm90_xmma_gemm_...``). Context
+Rules match the name of a CPU op (``aten::mm``) or of a GPU kernel (``sm90_xmma_gemm_...``), never a Python
+frame (``torch/_ops.py(1002): <lambda>``): frames only pass on the context they run in. Context
 decides before names do (see ``categorize``): work inside a profkit recompute region is ``recompute``,
 inside the optimizer step ``optimizer``, inside data loading ``data`` -- except communication, which is
 always ``communication`` wherever it runs. A GPU kernel that no rule names takes its launching op's
@@ -20,18 +21,24 @@ TIME_CATEGORIES = (
 )
 
 RULES: list[tuple[str, str]] = [
-    # (category, regular expression searched in the op or kernel name, case-insensitive)
-    ("communication", r"c10d::|nccl|gloo|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|"
-                      r"all_to_all|alltoall|barrier|_coalescing"),
+    # (category, regular expression searched in the op or kernel name, case-insensitive). Every rule has rows
+    # in tests/analyze/test_categories.py: real names it must match, and real names it must not.
+    ("communication", r"c10d::|nccl|rccl|msccl|gloo|record_param_comms|all_?reduce|all_?gather|reduce_?scatter|"
+                      r"all_?to_?all|barrier|_coalescing|sendrecv|deep_?ep::|notify_(dispatch|combine)|"
+                      r"nvshmem|cross_device_reduce|one_?shot_?all|two_?shot_?all|lamport"),
     ("quantization", r"bitsandbytes::|dequantize|quantize_4bit|quantize_blockwise|gemm_4bit|gemv_4bit|"
-                     r"kdequantize|kquantize|kgemm_4bit|int4pack|_weight_int4|nf4"),
+                     r"kdequantize|kquantize|kgemm_4bit|int4pack|_weight_int4|nf4|"
+                     # FP8 casts (the GEMMs that consume FP8 stay gemm: their names carry no cast/quant word)
+                     r"(fp8|float8|e4m3|e5m2).*(quant|cast|convert|cvt|_to_float|_to_half|_to_bf)|"
+                     r"(quant|cast|convert|cvt).*(fp8|float8|e4m3|e5m2)"),
     ("attention", r"scaled_dot_product|flash|fmha|efficient_attention|_attention|attn|\bsoftmax|aten::_softmax"),
     ("embedding_loss", r"embedding|nll_loss|cross_entropy|log_softmax"),
-    ("norm", r"rms_?norm|layer_?norm|batch_?norm|group_?norm|_norm\b|rsqrt|moments"),
-    ("gemm", r"aten::(mm|bmm|addmm|matmul|linear|baddbmm|addbmm|_addmm_activation|addmv|mv|dot)\b|gemm|gemv|"
-             r"cublas|cutlass|xmma|nvjet|wgmma|_mma|matmul"),
-    ("convolution", r"conv|cudnn|implicit_?gemm|winograd|wgrad|dgrad"),
-    ("optimizer", r"optimizer|adam|sgd|multi_tensor_apply|_foreach_|lamb"),
+    ("norm", r"rms_?norm|layer_?norm|batch_?norm|group_?norm|_norm\b|rsqrt|moments|\bbn_(fw|bw)"),
+    # (fbgemm is a library whose kernels are mostly not GEMMs: its name alone says nothing)
+    ("gemm", r"aten::(mm|bmm|addmm|matmul|linear|baddbmm|addbmm|_addmm_activation|addmv|mv|dot|_scaled_mm)\b|"
+             r"(?<!fb)gemm|gemv|cublas|cutlass|xmma|nvjet|wgmma|_mma|matmul|\bCijk_|hipblaslt|rocblas"),
+    ("convolution", r"conv|cudnn|implicit_?gemm|winograd|wgrad|dgrad|miopen"),
+    ("optimizer", r"optimizer|adam|\bsgd\b|multi_tensor_apply|_foreach_|\blamb\b"),
     ("memcpy_memset", r"aten::(copy_|clone|contiguous|fill_|zero_|zeros|ones|empty|empty_like|empty_strided|"
                       r"zeros_like|new_empty|new_zeros|resize_|set_|_to_copy|to)\b|memcpy|memset|cudamemcpy|"
                       r"cudamemset"),
@@ -45,7 +52,8 @@ RULES: list[tuple[str, str]] = [
                     r"sign|reciprocal|maximum|minimum|fmod|remainder|ceil|floor|round|type_as|_softmax_backward)|"
                     r"elementwise|vectorized|unrolled|reduce_kernel|reduction|act_and_mul|silu|gelu|"
                     r"batchnorm|pooling|dropout|fused|index|scatter|gather|cat_|catarray|copy_kernel|"
-                    r"triu|tril|arange|fill|where|compare|neg|pow|exp|sqrt|distribution|random"),
+                    r"triu|tril|arange|fill|where|compare|neg|pow|exp|sqrt|distribution|random|"
+                    r"radixsort|devicescan|reducebykey|segmented_?sort|_pool|pool_|permute|transpose"),
 ]
 _COMPILED = [(cat, re.compile(rx, re.IGNORECASE)) for cat, rx in RULES]
 

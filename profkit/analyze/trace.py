@@ -17,6 +17,9 @@ from pathlib import Path
 import numpy as np
 
 HOST_CATS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver")
+# Kineto's 2021 schema named the categories differently; read as today's.
+LEGACY_CATS = {"Operator": "cpu_op", "Runtime": "cuda_runtime", "Kernel": "kernel", "Memcpy": "gpu_memcpy",
+               "Memset": "gpu_memset", "Python": "python_function", "User Annotation": "user_annotation"}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
@@ -55,12 +58,16 @@ class Trace:
     def mask(self, *cats: str) -> np.ndarray:
         return np.isin(self.cat, cats)
 
+    def step_indices(self) -> np.ndarray:
+        """Indices of the ProfilerStep#N annotations (user_annotation today, cpu_op in Kineto's 2021 schema),
+        in time order."""
+        is_step = np.isin(self.cat, ("user_annotation", "cpu_op")) & np.char.startswith(self.name.astype(str), "ProfilerStep#")
+        idx = np.flatnonzero(is_step)
+        return idx[np.argsort(self.ts[idx], kind="stable")]
+
     def step_windows(self) -> list[tuple[float, float]]:
         """(start, end) in µs of each ProfilerStep#N annotation, in order."""
-        is_step = (self.cat == "user_annotation") & np.char.startswith(self.name.astype(str), "ProfilerStep#")
-        idx = np.flatnonzero(is_step)
-        order = idx[np.argsort(self.ts[idx])]
-        return [(float(self.ts[i]), float(self.ts[i] + self.dur[i])) for i in order]
+        return [(float(self.ts[i]), float(self.ts[i] + self.dur[i])) for i in self.step_indices()]
 
     @property
     def base_time_ns(self) -> int:
@@ -189,6 +196,7 @@ def load_trace(path: Path | str) -> Trace:
             return
         args = e.get("args") or {}
         name, cat = e.get("name", ""), e.get("cat", "")
+        cat = LEGACY_CATS.get(cat, cat)
         cats.append(intern.setdefault(cat, cat))
         names.append(intern.setdefault(name, name))
         pid, tid = str(e.get("pid", "")), str(e.get("tid", ""))

@@ -59,30 +59,37 @@ def breakdown(
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:
     if bd.runs.empty:
         return
-    # Short two-line headers and no box: seven columns and a full run name fit an 80-column terminal.
+    # Short two-line headers and no box: a full run name and the columns that hold values fit 80 columns.
+    columns = {
+        "run": lambda r: str(r["run"]),
+        "status": lambda r: str(r.get("status")),
+        "clean\nstep": lambda r: human_seconds(r.get("clean_step_time_s")),
+        "tokens/s": lambda r: f"{r['tokens_per_s']:,.0f}" if pd.notna(r.get("tokens_per_s")) else "-",
+        "profiled\nstep": lambda r: human_seconds(r.get("profiled_step_time_s")),
+        "measured\npeak": lambda r: human_bytes(r.get("measured_peak_bytes")),
+        "time\ncov.": lambda r: (lambda c: f"{c:.1%}" if pd.notna(c) else "-")(
+            r.get("coverage_gpu") if pd.notna(r.get("coverage_gpu")) else r.get("coverage_cpu")),
+    }
+    cells = {col: [fmt(r) for _, r in bd.runs.iterrows()] for col, fmt in columns.items()}
+    shown = [col for col in columns if col in ("run", "status") or any(v != "-" for v in cells[col])]
     runs = Table(title="Runs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
-    for col in ("run", "status", "clean\nstep", "tokens/s", "profiled\nstep", "measured\npeak", "time\ncov."):
-        runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=True)
-    reasons = []
-    for _, r in bd.runs.iterrows():
-        cov = r.get("coverage_gpu") if pd.notna(r.get("coverage_gpu")) else r.get("coverage_cpu")
-        if isinstance(r.get("reason"), str):
-            reasons.append(f"{r['run']}: {r['reason']}")
-        runs.add_row(str(r["run"]), str(r.get("status")), human_seconds(r.get("clean_step_time_s")),
-                     f"{r['tokens_per_s']:,.0f}" if pd.notna(r.get("tokens_per_s")) else "-",
-                     human_seconds(r.get("profiled_step_time_s")), human_bytes(r.get("measured_peak_bytes")),
-                     f"{cov:.1%}" if pd.notna(cov) else "-")
+    for col in shown:
+        runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=True,
+                        min_width=max(len(v) for v in cells[col]))
+    for i in range(len(bd.runs)):
+        runs.add_row(*[cells[col][i] for col in shown])
+    reasons = [f"{r['run']}: {r['reason']}" for _, r in bd.runs.iterrows() if isinstance(r.get("reason"), str)]
     out.print(runs)
     for line in reasons:  # below the table, where a long reason can wrap without squeezing the columns
         out.print(f"  {line}", highlight=False)
 
     mem = tables.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
-    for chunk in chunks([r for r in bd.runs.run if r in mem.index], out.width):
+    for chunk in chunks([r for r in bd.runs.run if r in mem.index], out.width) if not mem.empty else []:
         t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=RUN_COLUMN_WIDTH)
+            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
         for cat in mem.columns:
             t.add_row(cat, *[human_bytes(mem.loc[run, cat]) for run in chunk])
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
@@ -94,7 +101,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                   padding=(0, 1), collapse_padding=True,
                   caption="static categories and activations at the forward phase's peak, gradients at the "
                           "optimizer step's; `--format json|markdown` gives the bytes")
-        t.add_column("run", no_wrap=True, min_width=14)
+        t.add_column("run", no_wrap=True, min_width=max(len(r) for r in errors.index))
         for cat in errors.columns:  # short names and fixed widths: the table fits 80 columns
             t.add_column(SHORT.get(cat, cat), justify="right", no_wrap=True, min_width=6)
         for run, row in errors.iterrows():
@@ -103,15 +110,17 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     tim = tables.time_per_step(bd)
     for chunk in chunks([r for r in bd.runs.run if r in tim.index], out.width):
-        t = Table(title="Time per profiled step (CPU runs: op self time; GPU runs: kernel time and idle)")
+        t = Table(title="Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=RUN_COLUMN_WIDTH)
+            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
         for cat in tim.columns:
             t.add_row(cat, *[human_seconds(tim.loc[run, cat]) for run in chunk])
         t.add_row("[bold]sum[/]", *[human_seconds(tim.loc[run].sum()) for run in chunk])
         out.print(t)
 
+    for sentence in tables.exposure_sentences(bd):
+        out.print(sentence, highlight=False)
     baseline = baseline or tables.default_baseline(bd)
     if baseline:
         for sentence in tables.delta_sentences(bd, baseline):

@@ -24,7 +24,17 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
-def chunks(items: list, width: int, label_width: int = 21, column_width: int = 12) -> list[list]:
-    """Columns per table so that each table fits the terminal."""
-    per = max(2, (width - label_width - 4) // (column_width + 3))
-    return [items[i:i + per] for i in range(0, len(items), per)] or [[]]
+def chunks(names: list[str], width: int, label_width: int = 21, column_width: int = 12) -> list[list[str]]:
+    """Split columns into tables that each fit the terminal: a column is as wide as its name (names are never
+    truncated) or ``column_width``, whichever is wider, plus rich's borders and padding."""
+    out: list[list[str]] = []
+    used = label_width + 4
+    for name in names:
+        need = max(column_width, len(str(name))) + 3
+        if out and out[-1] and used + need <= width:
+            out[-1].append(name)
+            used += need
+        else:
+            out.append([name])
+            used = label_width + 4 + need
+    return out or [[]]

@@ -86,7 +86,9 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
     table = at_peak(estimates)
     caption = (f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, "
                f"{device}" + (f", {world_size} ranks" if world_size > 1 else ""))
-    for chunk in chunks(estimates, out.width):
+    by_method = {e.method: e for e in estimates}
+    for names in chunks(list(by_method), out.width):
+        chunk = [by_method[n] for n in names]
         t = Table(title="Predicted memory at each method's peak", caption=caption)
         t.add_column("category", no_wrap=True)
         for e in chunk:

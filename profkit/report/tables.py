@@ -39,6 +39,23 @@ def time_per_step(bd: Breakdown, resource: str | None = None) -> pd.DataFrame:
     return out.loc[:, out.notna().any()]
 
 
+def exposure_sentences(bd: Breakdown) -> list[str]:
+    """GPU runs: each category that ran partly hidden under other work, with its exposed share
+    ("communication 37.0 ms per step, of which 30.0 ms exposed")."""
+    from profkit.report.units import human_seconds
+
+    gpu = bd.time[bd.time.resource == "gpu"]
+    out = []
+    for run, g in gpu.groupby("run", sort=False):
+        cats = g.groupby("category")[["seconds", "overlapped_seconds"]].sum()
+        cats = cats[cats.overlapped_seconds > 1e-3 * (cats.seconds + cats.overlapped_seconds).sum()]
+        pieces = [f"{cat} {human_seconds(r.seconds + r.overlapped_seconds)}, of which {human_seconds(r.seconds)} "
+                  f"exposed" for cat, r in cats.sort_values("overlapped_seconds", ascending=False).iterrows()]
+        if pieces:
+            out.append(f"{run} (GPU, per step; the rest ran under higher-priority work): " + "; ".join(pieces))
+    return out
+
+
 def comparison(bd: Breakdown) -> pd.DataFrame:
     """One row per run (failed and unsupported runs included, with their status)."""
     if bd.runs.empty:

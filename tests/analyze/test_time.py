@@ -4,7 +4,7 @@ import pytest
 
 from profkit.analyze import breakdown
 from profkit.analyze.categories import TIME_CATEGORIES, by_name, categorize
-from profkit.analyze.time import _split_overlaps, analyze_time
+from profkit.analyze.time import analyze_time, exposed_time
 from profkit.analyze.trace import load_trace
 from profkit.methods import METHODS
 from tests.conftest import GPU_TRACES
@@ -65,9 +65,19 @@ def test_rules_table():
     assert categorize("c10d::allreduce_", "optimizer", False, False) == "communication"
 
 
-def test_overlapping_kernels_split_evenly():
-    share = _split_overlaps(np.array([0.0, 5.0, 20.0]), np.array([10.0, 15.0, 30.0]))
+def test_overlapping_kernels_of_one_class_split_evenly():
+    share = exposed_time(np.array([0.0, 5.0, 20.0]), np.array([10.0, 15.0, 30.0]), np.zeros(3, dtype=int))
     assert share.tolist() == [7.5, 7.5, 10.0]  # 0-5 A, 5-10 A+B, 10-15 B, 20-30 C
+
+
+def test_compute_hides_communication_which_hides_copies():
+    # compute 0-10; communication 5-20 (5 of it under compute); copy 0-30 (under both until 20)
+    start, end = np.array([0.0, 5.0, 0.0]), np.array([10.0, 20.0, 30.0])
+    exposed = exposed_time(start, end, np.array([0, 1, 2]))
+    assert exposed.tolist() == [10.0, 10.0, 10.0]
+    assert exposed.sum() == 30.0  # the union: exposed time adds up to busy time
+    # Two communication kernels under one compute kernel: nothing exposed, all overlapped.
+    assert exposed_time(np.array([0.0, 1.0, 2.0]), np.array([10.0, 3.0, 4.0]), np.array([0, 1, 1])).tolist() == [10.0, 0.0, 0.0]
 
 
 def hta_temporal(path):
@@ -127,3 +137,28 @@ def test_foreign_trace_says_memory_is_unavailable():
     bd = breakdown([GPU_TRACES / "a100_distributed_rank0.json.gz"])
     assert not bd.failed and bd.memory.empty
     assert any("memory breakdown unavailable" in n for n in bd.notes["a100_distributed_rank0"])
+
+
+@pytest.mark.parametrize("trace", ["a100_distributed_rank0.json.gz", "a100_distributed_rank1.json.gz",
+                                   "dlrm_8rank/dlrm_rank0.json.gz"])
+def test_hidden_communication_matches_htas_overlap(trace):
+    """What profkit calls communication's overlapped time, as a share of communication time, is HTA's
+    computation/communication overlap, to the rounding HTA applies -- over every kernel in the trace (the
+    breakdown itself keeps the kernels launched inside profiler steps)."""
+    from hta.trace_analysis import TraceAnalysis
+
+    path = GPU_TRACES / trace
+    t = load_trace(path)
+    k = np.flatnonzero(t.mask("kernel"))
+    priority = np.array([1 if by_name(n) == "communication" else 0 for n in t.name[k]])
+    start, end = t.ts[k], t.ts[k] + t.dur[k]
+    comm = priority == 1
+    exposed = exposed_time(start, end, priority)
+    ours = 100 * (1 - exposed[comm].sum() / (end - start)[comm].sum())
+    ta = TraceAnalysis(trace_files={0: str(path)}, trace_dir=str(path.parent), include_last_profiler_step=True)
+    hta = float(ta.get_comm_comp_overlap(visualize=False).comp_comm_overlap_pctg.iloc[0])
+    assert ours == pytest.approx(hta, abs=0.006)
+    # And in the breakdown: communication's kernel time = exposed + overlapped, exposed the smaller part here.
+    result = analyze_time(t)
+    g = result.rows[(result.rows.resource == "gpu") & (result.rows.category == "communication")]
+    assert 0 < g.overlapped_seconds.sum() < g.seconds.sum()
