@@ -18,6 +18,7 @@ from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, load_timeline, phase_windows
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
+from profkit.analyze.trace_memory import LIVE_COLUMNS, PEAK_COLUMNS, analyze_trace_memory
 from profkit.analyze.trace import TraceError, load_trace
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -57,6 +58,11 @@ class Breakdown:
     notes: dict[str, list[str]] = field(default_factory=dict)
     phase_windows: dict[str, dict[str, tuple[float, float]]] = field(default_factory=dict)  # run -> phase -> ns
     records: dict[str, RunRecord] = field(default_factory=dict)  # run -> its manifest (profkit runs only)
+    # Traces profkit did not record, from their [memory] events: bytes live at each device's allocated peak by
+    # the phase and category that allocated them; the peaks; allocated/reserved over time.
+    trace_memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, method, device, phase, category, ...
+    trace_memory_peaks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    memory_over_time: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, device, t_s, allocated/reserved
 
     @property
     def failed(self) -> bool:
@@ -133,31 +139,48 @@ def _trace_run_name(path: Path) -> str:
     return name
 
 
+class _Collected:
+    """What the analyzers produce for every source, gathered before it becomes one Breakdown."""
+
+    def __init__(self) -> None:
+        self.runs: list[dict] = []
+        self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in (
+            "memory", "time", "time_by_name", "measured", "predicted", "trace_memory", "trace_memory_peaks",
+            "memory_over_time")}
+        self.notes: dict[str, list[str]] = {}
+        self.windows: dict[str, dict] = {}
+        self.records: dict[str, RunRecord] = {}
+
+    def add(self, kind: str, frame: pd.DataFrame, run: str, method: str) -> None:
+        self.frames[kind].append(frame.assign(run=run, method=method))
+
+    def frame(self, kind: str, columns: list[str] | None = None) -> pd.DataFrame:
+        got = [f for f in self.frames[kind] if not f.empty]
+        if not got:
+            return pd.DataFrame(columns=columns or [])
+        out = pd.concat(got, ignore_index=True)
+        return out[columns] if columns else out
+
+
 def breakdown(paths: list[Path | str]) -> Breakdown:
     sources, problems = discover([Path(p) for p in paths])
-    runs, memory, time, by_name, measured, predicted = [], [], [], [], [], []
-    notes: dict[str, list[str]] = {}
-    windows: dict[str, dict] = {}
-    records: dict[str, RunRecord] = {}
+    c = _Collected()
     for src in sources:
-        row, run_notes = _analyse(src, problems, memory, time, by_name, measured, predicted, windows, records)
-        runs.append(row)
-        notes[src.run] = run_notes
+        notes: list[str] = []
+        c.runs.append(_analyse(src, problems, c, notes))
+        c.notes[src.run] = notes
     return Breakdown(
-        runs=pd.DataFrame(runs),
-        memory=pd.concat(memory, ignore_index=True) if memory else pd.DataFrame(columns=MEMORY_COLUMNS),
-        time=pd.concat(time, ignore_index=True) if time else pd.DataFrame(columns=TIME_COLUMNS),
-        time_by_name=pd.concat(by_name, ignore_index=True) if by_name else pd.DataFrame(),
-        measured=pd.concat(measured, ignore_index=True) if measured else pd.DataFrame(),
-        predicted=pd.concat(predicted, ignore_index=True) if predicted else
-        pd.DataFrame(columns=["run", "method", *PREDICTED_COLUMNS]),
-        problems=problems, notes=notes, phase_windows=windows, records=records,
+        runs=pd.DataFrame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
+        time_by_name=c.frame("time_by_name"), measured=c.frame("measured"),
+        predicted=c.frame("predicted", ["run", "method", *PREDICTED_COLUMNS]),
+        problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records,
+        trace_memory=c.frame("trace_memory", ["run", "method", *LIVE_COLUMNS]),
+        trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
+        memory_over_time=c.frame("memory_over_time"),
     )
 
 
-def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measured, predicted,
-             windows: dict, records: dict) -> tuple[dict, list[str]]:
-    notes: list[str] = []
+def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[str]) -> dict:
     row: dict = {"run": src.run, "path": str(src.path), "recorded_by_profkit": src.recorded}
     if src.recorded:
         run_dir = store.RunDir(src.path)
@@ -166,24 +189,26 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         except ManifestError as exc:
             problems.append(Problem(run_dir.manifest, str(exc).removeprefix(f"{run_dir.manifest}: ")))
             row.update(method=src.run, status="unreadable")
-            return row, notes
-        records[src.run] = record
+            return row
+        c.records[src.run] = record
         method = record.method
         timings = record.timings
         row.update(method=method, kind=record.kind, engine=record.engine, settings=record.settings,
                    status=record.status, reason=record.reason, device=record.device.get("type"),
                    clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"))
         if record.status != "ok":
-            return row, notes  # shown with its status, never as zeros
+            return row  # shown with its status, never as zeros
         time_trace = run_dir.time_trace
     else:
         method, record, time_trace = src.run, None, src.path
         row.update(method=method, status="foreign", reason=None)
 
+    trace = t = None
     try:
-        t = analyze_time(load_trace(time_trace))
-        time.append(t.rows.assign(run=src.run, method=method)[TIME_COLUMNS])
-        by_name.append(t.by_name.assign(run=src.run, method=method))
+        trace = load_trace(time_trace)
+        t = analyze_time(trace)
+        c.add("time", t.rows, src.run, method)
+        c.add("time_by_name", t.by_name, src.run, method)
         row.update(profiled_step_time_s=t.step_time_s, gpu_step_time_s=t.gpu_window_s, profiled_steps=t.n_steps,
                    coverage_cpu=t.coverage("cpu"), coverage_gpu=t.coverage("gpu") if t.gpu_window_s else None)
         notes += t.notes
@@ -193,23 +218,21 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         problems.append(Problem(time_trace, _unexpected(exc)))
 
     if record is None:
-        notes.append("memory breakdown unavailable: not recorded by profkit, so there is no inventory of "
-                     "parameters, gradients and optimizer state, and no categorized memory timeline; record with "
-                     "`profkit record` for one")
-        return row, notes
+        _foreign_memory(src, trace, t, row, c, notes, problems)
+        return row
     try:
         timeline = load_timeline(run_dir.memory_timeline)
-        windows[src.run] = phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL)
-        m = analyze_memory(record, timeline, windows[src.run])
-        memory.append(m.rows.assign(run=src.run, method=method)[MEMORY_COLUMNS])
-        measured.append(m.measured.assign(run=src.run, method=method))
+        c.windows[src.run] = phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL)
+        m = analyze_memory(record, timeline, c.windows[src.run])
+        c.add("memory", m.rows, src.run, method)
+        c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]
         row["measured_peak_bytes"] = int(peak.iloc[0]) if len(peak) else None
         notes += m.notes
         estimate = record.estimate or {}
         if "instants" in estimate:
             row["predicted_peak_bytes"] = estimate["peak_bytes"]
-            predicted.append(predicted_vs_measured(estimate, m.rows, m.measured).assign(run=src.run, method=method))
+            c.add("predicted", predicted_vs_measured(estimate, m.rows, m.measured), src.run, method)
         elif "error" in estimate:
             notes.append(f"no memory estimate: {estimate['error']}")
     except TraceError as exc:
@@ -218,7 +241,31 @@ def _analyse(src: Source, problems: list[Problem], memory, time, by_name, measur
         problems.append(Problem(run_dir.memory_timeline, str(exc)))
     except Exception as exc:
         problems.append(Problem(run_dir.path, _unexpected(exc)))
-    return row, notes
+    return row
+
+
+def _foreign_memory(src: Source, trace, t, row: dict, c: _Collected, notes: list[str], problems: list[Problem]) -> None:
+    """A trace profkit did not record: memory from its own [memory] events, where it has them."""
+    tm = None
+    if trace is not None:
+        try:
+            tm = analyze_trace_memory(trace, t.ops if t is not None else None)
+        except Exception as exc:
+            problems.append(Problem(src.path, _unexpected(exc)))
+    if tm is None:
+        notes.append("memory breakdown unavailable: the trace has no [memory] events (record with "
+                     "profile_memory=True) and, not recorded by profkit, no inventory of parameters, gradients and "
+                     "optimizer state; record with `profkit record` or `profkit.Session` for one")
+        return
+    c.add("trace_memory", tm.live, src.run, src.run)
+    c.add("trace_memory_peaks", tm.peaks, src.run, src.run)
+    c.add("memory_over_time", tm.timeline, src.run, src.run)
+    accelerators = tm.peaks[tm.peaks.device != "cpu"]
+    top = (accelerators if len(accelerators) else tm.peaks)
+    top = top.loc[top.peak_allocated_bytes.idxmax()]
+    row["measured_peak_bytes"] = int(top.peak_reserved_bytes) if pd.notna(top.peak_reserved_bytes) else \
+        int(top.peak_allocated_bytes)
+    notes += tm.notes
 
 
 def _unexpected(exc: Exception) -> str:

@@ -91,7 +91,7 @@ def phase_windows(trace: Trace, labels_to_phase: dict[str, str]) -> dict[str, tu
     base = trace.base_time_ns
     out: dict[str, tuple[float, float]] = {}
     for name, phase in labels_to_phase.items():
-        idx = np.flatnonzero((trace.name == name) & (trace.ts >= lo) & (trace.ts < hi))
+        idx = np.flatnonzero(trace.named(name) & (trace.ts >= lo) & (trace.ts < hi))
         if len(idx):
             i = idx[-1]
             out[phase] = (base + trace.ts[i] * 1e3, base + (trace.ts[i] + trace.dur[i]) * 1e3)

@@ -39,6 +39,17 @@ NESTING_SLACK_US = 1e-3  # timestamps are rounded; a child may end a nanosecond 
 
 
 @dataclass
+class HostOps:
+    """What the walk worked out for every host event, in walk order (position j is trace index ``host[j]``),
+    for analyzers that attribute other events to the op that ran them (memory events)."""
+
+    host: np.ndarray  # trace indices
+    parent: np.ndarray  # host position of the enclosing op, -1 at the top
+    phase: np.ndarray  # object
+    category: np.ndarray  # object: the context category (what the op's own work is)
+
+
+@dataclass
 class TimeResult:
     rows: pd.DataFrame  # resource, category, phase, seconds (per step)
     by_name: pd.DataFrame  # resource, category, name, seconds (per step)
@@ -46,6 +57,8 @@ class TimeResult:
     gpu_window_s: float | None  # per step, GPU traces only
     n_steps: int
     notes: list[str] = field(default_factory=list)
+    ops: HostOps | None = None
+    windows: list[tuple[float, float]] = field(default_factory=list)  # profiled steps, µs
 
     def coverage(self, resource: str = "cpu") -> float:
         r = self.rows[self.rows.resource == resource]
@@ -53,12 +66,14 @@ class TimeResult:
         return float(1 - r.loc[r.category == "other", "seconds"].sum() / total) if total else 0.0
 
 
-def _phase_of(name: str, parent_phase: str) -> str:
+def _phase_of(name: str, parent_phase: str | None) -> str | None:
+    """The phase a name starts (a label, the optimizer's step, a backward node, data loading), else the
+    parent's."""
     if name in labels.PHASE_OF_LABEL:
         return labels.PHASE_OF_LABEL[name]
     if name.startswith("Optimizer.step") or name.startswith("Optimizer.zero_grad"):
         return "optimizer"
-    if name.startswith(BACKWARD_NODE) or (parent_phase == "unattributed" and LEGACY_BACKWARD_NODE.match(name)):
+    if name.startswith(BACKWARD_NODE):
         return "backward"
     if name.startswith("enumerate(DataLoader)"):
         return "data"
@@ -66,20 +81,21 @@ def _phase_of(name: str, parent_phase: str) -> str:
 
 
 def _infer_forward(trace: Trace, host: np.ndarray, phase: np.ndarray, windows: list[tuple[float, float]]) -> bool:
+    """``phase`` is in host order (``phase[j]`` belongs to ``host[j]``)."""
     """A trace without profkit's labels has no forward marker: within each step, what runs before the first
     backward op (and is not data loading or the optimizer) is the forward pass. Returns whether it applied."""
-    if (trace.name == labels.FORWARD).any():
+    if trace.named(labels.FORWARD).any():
         return False
     starts = np.array([w[0] for w in windows])
     ts = trace.ts[host]
     k = np.searchsorted(starts, ts, side="right") - 1
     inside = k >= 0
     first_backward = np.full(len(windows), np.inf)
-    bwd = inside & (phase[host] == "backward")
+    bwd = inside & (phase == "backward")
     np.minimum.at(first_backward, k[bwd], ts[bwd])
-    forward = inside & (phase[host] == "unattributed") & (ts < first_backward[np.clip(k, 0, None)]) \
+    forward = inside & (phase == "unattributed") & (ts < first_backward[np.clip(k, 0, None)]) \
         & np.isfinite(first_backward[np.clip(k, 0, None)])
-    phase[host[forward]] = "forward"
+    phase[forward] = "forward"
     return bool(forward.any())
 
 
@@ -89,66 +105,95 @@ def analyze_time(trace: Trace) -> TimeResult:
     host = np.flatnonzero(trace.mask(*HOST_CATS))
     host = host[np.lexsort((-trace.dur[host], trace.ts[host]))]  # by start, parents before children
 
-    name, cat, ts, dur, seq = trace.name, trace.cat, trace.ts, trace.dur, trace.seq
-    threads = trace.pid.astype(str) + "/" + trace.tid.astype(str)
-    n = len(name)
-    self_time = trace.dur.copy()
-    phase = np.empty(n, dtype=object)
-    context_cat = np.empty(n, dtype=object)  # category an op's launches (and nested frames) inherit
-    self_cat = np.empty(n, dtype=object)  # category of an op's own self time (context_cat unless a frame)
-    recompute = np.zeros(n, dtype=bool)
-    norm = np.zeros(n, dtype=bool)
-    norm_seqs: set[int] = set()
-    stacks: dict[str, list[int]] = defaultdict(list)
+    # What a name says, worked out once per distinct name (a trace has few names and many events).
+    names = trace.names
+    sets_phase = [_phase_of(nm, None) for nm in names]
+    legacy_backward = [bool(LEGACY_BACKWARD_NODE.match(nm)) for nm in names]
+    backward_node = [nm.startswith(BACKWARD_NODE) for nm in names]
+    is_recompute = [nm == labels.RECOMPUTE for nm in names]
+    is_norm = [nm == labels.NORM for nm in names]
+    operator = [bool(_OPERATOR.match(nm)) for nm in names]
+    code = {c: i for i, c in enumerate(trace.cats)}
+    runtime_codes = {code.get("cuda_runtime"), code.get("cuda_driver")} - {None}
+    python_code = code.get("python_function")
 
-    for i in host:
-        stack = stacks[threads[i]]
+    # Plain lists over the host events only, in walk order (position j is host[j]): the walk touches every
+    # host event, and list indexing is far cheaper than numpy's.
+    m = len(host)
+    ts = trace.ts[host].tolist()
+    end_ = (trace.ts[host] + trace.dur[host]).tolist()
+    nid, cid, thread = trace.name_id[host].tolist(), trace.cat_id[host].tolist(), trace.thread_id[host].tolist()
+    seq = trace.seq
+    self_time = trace.dur[host].tolist()
+    phase: list = [None] * m
+    context_cat: list = [None] * m  # category an op's launches (and nested frames) inherit
+    self_cat: list = [None] * m  # category of an op's own self time (context_cat unless a frame)
+    recompute = [False] * m
+    norm = [False] * m
+    parents = [-1] * m
+    norm_seqs: set[int] = set()
+    stacks: dict[int, list[int]] = defaultdict(list)
+    cache: dict[tuple, str] = {}
+
+    for i in range(m):
+        stack = stacks[thread[i]]
         start = ts[i]
-        while stack and ts[stack[-1]] + dur[stack[-1]] <= start + NESTING_SLACK_US:
+        while stack and end_[stack[-1]] <= start + NESTING_SLACK_US:
             stack.pop()
         parent = stack[-1] if stack else -1
-        nm = name[i]
+        parents[i] = parent
+        k = nid[i]
         if parent >= 0:
-            overlap = min(start + dur[i], ts[parent] + dur[parent]) - start
-            self_time[parent] -= max(overlap, 0.0)
-            phase[i] = _phase_of(nm, phase[parent])
-            recompute[i] = recompute[parent] or nm == labels.RECOMPUTE
-            norm[i] = norm[parent] or nm == labels.NORM
+            overlap = min(end_[i], end_[parent]) - start
+            if overlap > 0:
+                self_time[parent] -= overlap
+            parent_phase = phase[parent]
+            rec = recompute[parent] or is_recompute[k]
+            nrm = norm[parent] or is_norm[k]
         else:
-            phase[i] = _phase_of(nm, "unattributed")
-            recompute[i] = nm == labels.RECOMPUTE
-            norm[i] = nm == labels.NORM
-        if nm.startswith(BACKWARD_NODE) and seq[i] in norm_seqs:
-            norm[i] = True
-        elif norm[i] and seq[i] >= 0:
-            norm_seqs.add(int(seq[i]))
-        if cat[i] in ("cuda_runtime", "cuda_driver"):
-            context_cat[i] = context_cat[parent] if parent >= 0 else "other"
-        elif cat[i] == "python_function":
+            parent_phase, rec, nrm = "unattributed", is_recompute[k], is_norm[k]
+        ph = sets_phase[k] or ("backward" if legacy_backward[k] and parent_phase == "unattributed" else parent_phase)
+        if backward_node[k] or nrm:
+            sq = int(seq[host[i]])
+            if backward_node[k] and sq in norm_seqs:
+                nrm = True
+            elif nrm and sq >= 0:
+                norm_seqs.add(sq)
+        phase[i], recompute[i], norm[i] = ph, rec, nrm
+        c = cid[i]
+        if c in runtime_codes:
+            context_cat[i] = self_cat[i] = context_cat[parent] if parent >= 0 else "other"
+        elif c == python_code:
             # A frame's own time is Python (or its phase's context); its children keep the context it runs in.
-            own = categorize("", phase[i], recompute[i], norm[i])
+            own = categorize("", ph, rec, nrm)
             self_cat[i] = "host_overhead" if own == "other" else own
             context_cat[i] = context_cat[parent] if parent >= 0 else "other"
         else:
-            c = categorize(nm, phase[i], recompute[i], norm[i])
-            if c == "other" and not _OPERATOR.match(nm):
-                c = "host_overhead"  # annotations and autograd wrappers: time between operators
-            context_cat[i] = c
-        if self_cat[i] is None:
-            self_cat[i] = context_cat[i]
+            key = (k, ph, rec, nrm)
+            cat = cache.get(key)
+            if cat is None:
+                cat = categorize(names[k], ph, rec, nrm)
+                if cat == "other" and not operator[k]:
+                    cat = "host_overhead"  # annotations and autograd wrappers: time between operators
+                cache[key] = cat
+            context_cat[i] = self_cat[i] = cat
         stack.append(i)
+    del ts, end_, nid, cid, thread, recompute, norm, stacks
 
+    # Back to whole-trace indexing for what the GPU side needs (a kernel's launch is a host event).
+    local = np.full(len(trace.ts), -1, dtype=np.int64)
+    local[host] = np.arange(m)
+    phase = np.array(phase, dtype=object)
+    threads = trace.thread_id
     # The profiled thread is the one that carries the ProfilerStep annotations.
     if steps:
         main = threads[trace.step_indices()[0]]
         windows = steps
     else:
-        top = defaultdict(float)
-        for i in host:
-            top[threads[i]] += dur[i]
-        main = max(top, key=top.get)
+        busy_by_thread = np.bincount(threads[host], weights=trace.dur[host], minlength=len(trace.threads))
+        main = int(np.argmax(busy_by_thread))
         on_main = host[threads[host] == main]
-        windows = [(float(ts[on_main].min()), float((ts[on_main] + dur[on_main]).max()))]
+        windows = [(float(trace.ts[on_main].min()), float((trace.ts[on_main] + trace.dur[on_main]).max()))]
         notes.append(f"{trace.path.name}: no ProfilerStep markers; the whole trace is analysed as one step")
     n_steps = len(windows)
     if _infer_forward(trace, host, phase, windows):
@@ -161,56 +206,73 @@ def analyze_time(trace: Trace) -> TimeResult:
         k = np.searchsorted(starts, t, side="right") - 1
         return (k >= 0) & (t < ends[np.clip(k, 0, None)])
 
-    counted = host[(threads[host] == main) & in_steps(ts[host])]
-    other_threads = host[(threads[host] != main) & in_steps(ts[host])]
+    host_in_steps = in_steps(trace.ts[host])
+    on_main = threads[host] == main
+    counted = np.flatnonzero(on_main & host_in_steps)  # positions in host order
+    others = np.flatnonzero(~on_main & host_in_steps)
+    self_arr = np.asarray(self_time)
     step_s = float((ends - starts).mean()) / 1e6
-    busy = float(self_time[other_threads].clip(min=0).sum()) / n_steps / 1e6 if len(other_threads) else 0.0
+    busy = float(self_arr[others].clip(min=0).sum()) / n_steps / 1e6 if len(others) else 0.0
     if busy > 0.01 * step_s:
         notes.append(f"{trace.path.name}: {busy * 1e3:.2f} ms/step of op time on other threads is not in the "
                      "host breakdown (it runs concurrently with the profiled thread)")
     # Step annotations themselves: their self time is host time outside any op.
-    rows = pd.DataFrame({"resource": "cpu", "category": self_cat[counted], "phase": phase[counted],
-                         "name": name[counted], "us": self_time[counted].clip(min=0), "overlapped_us": 0.0})
+    rows = pd.DataFrame({"resource": "cpu", "category": np.array(self_cat, dtype=object)[counted],
+                         "phase": phase[counted], "name_id": trace.name_id[host[counted]],
+                         "us": self_arr[counted].clip(min=0), "overlapped_us": 0.0})
 
     gpu_window_s = None
     if trace.has_gpu:
-        gpu_rows, gpu_window_s = _gpu_rows(trace, host, context_cat, phase, in_steps, n_steps)
+        gpu_rows, gpu_window_s = _gpu_rows(trace, host, local, context_cat, phase, in_steps, n_steps)
         rows = pd.concat([rows, gpu_rows], ignore_index=True)
     rows["seconds"] = rows.pop("us") / 1e6 / n_steps
     rows["overlapped_seconds"] = rows.pop("overlapped_us") / 1e6 / n_steps
     summary = rows.groupby(["resource", "category", "phase"], as_index=False)[["seconds", "overlapped_seconds"]].sum()
-    names = rows.groupby(["resource", "category", "name"], as_index=False)[["seconds", "overlapped_seconds"]].sum()
-    return TimeResult(summary, names.sort_values("seconds", ascending=False, ignore_index=True), step_s,
-                      gpu_window_s, n_steps, notes)
+    by_name = rows.groupby(["resource", "category", "name_id"], as_index=False)[["seconds", "overlapped_seconds"]].sum()
+    labels_of = np.asarray(trace.names + [IDLE_NAME], dtype=object)
+    by_name.insert(2, "name", labels_of[by_name.pop("name_id").astype(np.int64)])
+    ops = HostOps(host, np.asarray(parents, dtype=np.int64), phase, np.array(context_cat, dtype=object))
+    return TimeResult(summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), step_s,
+                      gpu_window_s, n_steps, notes, ops, windows)
 
 
-def _gpu_rows(trace: Trace, host: np.ndarray, context_cat, phase, in_steps, n_steps: int):
-    runtime = host[np.isin(trace.cat[host], ("cuda_runtime", "cuda_driver")) & (trace.correlation[host] >= 0)]
-    launch = dict(zip(trace.correlation[runtime].tolist(), runtime.tolist()))
+IDLE_NAME = "(no kernel running)"
+
+
+def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: list, phase: np.ndarray, in_steps,
+              n_steps: int):
+    """``context_cat`` and ``phase`` are in host order; ``local`` maps a trace index to its host position."""
+    code = {c: i for i, c in enumerate(trace.cats)}
+    runtime = np.flatnonzero(np.isin(trace.cat_id, [code[c] for c in ("cuda_runtime", "cuda_driver") if c in code])
+                             & (trace.correlation >= 0))
+    launch = dict(zip(trace.correlation[runtime].tolist(), local[runtime].tolist()))
     gpu = np.flatnonzero(trace.mask(*GPU_CATS))
-    cats, phases, keep = [], [], []
-    for k in gpu:
-        r = launch.get(int(trace.correlation[k]))
-        launched_at = trace.ts[r] if r is not None else trace.ts[k]
-        keep.append(launched_at)
-        if trace.cat[k] != "kernel":
+    kernel_code = code.get("kernel", -1)
+    named = [by_name(nm) for nm in trace.names]
+    ts, corr, cid, nid = trace.ts, trace.correlation[gpu].tolist(), trace.cat_id[gpu].tolist(), trace.name_id[gpu].tolist()
+    host_ts = trace.ts[host].tolist()
+    cats, phases, launched = [], [], np.empty(len(gpu))
+    for j, k in enumerate(gpu.tolist()):
+        r = launch.get(corr[j])  # the launch's host position
+        launched[j] = host_ts[r] if r is not None else ts[k]
+        if cid[j] != kernel_code:
             c = "memcpy_memset"
         else:
             c = context_cat[r] if r is not None else None
             if c in (None, "other", "host_overhead"):
-                c = by_name(trace.name[k]) or "other"
+                c = named[nid[j]] or "other"
         cats.append(c)
         phases.append(phase[r] if r is not None else "unattributed")
-    mask = in_steps(np.array(keep, dtype=float)) if len(gpu) else np.zeros(0, dtype=bool)
+    mask = in_steps(launched) if len(gpu) else np.zeros(0, dtype=bool)
     gpu, cats, phases = gpu[mask], np.array(cats, dtype=object)[mask], np.array(phases, dtype=object)[mask]
     if not len(gpu):
-        return pd.DataFrame(columns=["resource", "category", "phase", "name", "us", "overlapped_us"]), 0.0
+        return pd.DataFrame(columns=["resource", "category", "phase", "name_id", "us", "overlapped_us"]), 0.0
     start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
     exposed = exposed_time(start, end, np.array([PRIORITY.get(c, 0) for c in cats]))
     window = float(end.max() - start.min())
-    rows = pd.DataFrame({"resource": "gpu", "category": cats, "phase": phases, "name": trace.name[gpu], "us": exposed,
-                         "overlapped_us": (end - start) - exposed})
-    idle = pd.DataFrame([{"resource": "gpu", "category": "idle", "phase": "all", "name": "(no kernel running)",
+    rows = pd.DataFrame({"resource": "gpu", "category": cats, "phase": phases, "name_id": trace.name_id[gpu],
+                         "us": exposed, "overlapped_us": (end - start) - exposed})
+    idle = pd.DataFrame([{"resource": "gpu", "category": "idle", "phase": "all", "name_id": len(trace.names),
                           "us": window - exposed.sum(), "overlapped_us": 0.0}])
     return pd.concat([rows, idle], ignore_index=True), window / n_steps / 1e6
 

@@ -6,6 +6,7 @@ from typing import Optional
 import pandas as pd
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich import box
 from rich.table import Table
 
@@ -50,7 +51,7 @@ def breakdown(
     if explain:
         _print_explain(out, bd, explain)
     for problem in bd.problems:
-        err.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {problem}",
+        err.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {escape(str(problem))}",
                   highlight=False)
     if bd.failed:
         raise typer.Exit(Exit.FAILED)
@@ -81,7 +82,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     reasons = [f"{r['run']}: {r['reason']}" for _, r in bd.runs.iterrows() if isinstance(r.get("reason"), str)]
     out.print(runs)
     for line in reasons:  # below the table, where a long reason can wrap without squeezing the columns
-        out.print(f"  {line}", highlight=False)
+        out.print(f"  {escape(line)}", highlight=False)
 
     mem = tables.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
@@ -94,6 +95,8 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
             t.add_row(cat, *[human_bytes(mem.loc[run, cat]) for run in chunk])
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
         out.print(t)
+
+    _print_trace_memory(out, bd)
 
     errors = tables.predicted_errors(bd)
     if not errors.empty:
@@ -120,19 +123,38 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         out.print(t)
 
     for sentence in tables.exposure_sentences(bd):
-        out.print(sentence, highlight=False)
+        out.print(escape(sentence), highlight=False)
     baseline = baseline or tables.default_baseline(bd)
     if baseline:
         for sentence in tables.delta_sentences(bd, baseline):
-            out.print(sentence, highlight=False)
+            out.print(escape(sentence), highlight=False)
     for sentence in findings.engine_differences(bd):
-        out.print(sentence, highlight=False)
+        out.print(escape(sentence), highlight=False)
     for note in bd.common_notes():
-        out.print(f"[dim]note: {note}[/]", highlight=False)
+        out.print(f"[dim]note: {escape(note)}[/]", highlight=False)
     for run, notes in bd.notes.items():
         for note in notes:
             if note not in bd.common_notes():
-                out.print(f"[dim]{run}: {note}[/]", highlight=False)
+                out.print(f"[dim]{escape(run)}: {escape(note)}[/]", highlight=False)
+
+
+def _print_trace_memory(out: Console, bd: Breakdown) -> None:
+    """Traces profkit did not record: bytes live at each device's allocated peak, by what allocated them."""
+    for (run, device), g in bd.trace_memory.groupby(["run", "device"], sort=False):
+        peak = bd.trace_memory_peaks[(bd.trace_memory_peaks.run == run) & (bd.trace_memory_peaks.device == device)]
+        p = peak.iloc[0]
+        if p.peak_allocated_bytes < 1 << 20:
+            continue  # a few bytes of host memory: nothing to decompose
+        reserved = (f"; reserved peak {human_bytes(p.peak_reserved_bytes)} at {p.reserved_peak_s:.3f} s"
+                    if pd.notna(p.peak_reserved_bytes) else "")
+        t = Table(title=f"{run}, {device}: live at the allocated peak", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption=f"allocated peak {human_bytes(p.peak_allocated_bytes)} at {p.allocated_peak_s:.3f} s{reserved}"
+                          "; from the trace's \\[memory] events")
+        for col in ("phase", "category", "bytes", "allocations"):
+            t.add_column(col, justify="right" if col in ("bytes", "allocations") else "left", no_wrap=True)
+        for _, r in g.iterrows():
+            t.add_row(r.phase, r.category, human_bytes(r["bytes"]), f"{r.allocations:,}" if r.allocations else "-")
+        out.print(t)
 
 
 def _print_explain(out: Console, bd: Breakdown, category: str) -> None:

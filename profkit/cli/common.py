@@ -9,11 +9,12 @@ import typer
 
 from profkit.exitcodes import Exit
 from rich.console import Console
+from rich.markup import escape
 
 
 
 def fail_usage(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/] {message}", highlight=False)
+    Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(Exit.USAGE)
 
 

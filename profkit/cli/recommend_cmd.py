@@ -6,6 +6,7 @@ from typing import Optional
 import pandas as pd
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from profkit import recommend as ranking
@@ -55,7 +56,7 @@ def _training_runs(path: Path):
         fail_usage(f"{path}: no such file or directory")
     bd = breakdown([path])
     for problem in bd.problems:
-        Console(stderr=True).print(f"[yellow]warning:[/] {problem}", highlight=False)
+        Console(stderr=True).print(f"[yellow]warning:[/] {escape(str(problem))}", highlight=False)
     runs = bd.runs
     if runs.empty:
         return runs

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from profkit.exitcodes import Exit
 from profkit.report.document import command_line, write_report
@@ -18,7 +19,7 @@ def report(
     with console.status("analysing runs and drawing plots"):
         rep = write_report(paths, output, command_line(paths, output))
     for problem in rep.breakdown.problems:
-        console.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {problem}",
+        console.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {escape(str(problem))}",
                       highlight=False)
     console.print(f"wrote {rep.markdown_path}, {rep.html_path} and {len(rep.images)} plots", highlight=False)
     if rep.breakdown.failed:

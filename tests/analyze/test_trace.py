@@ -34,7 +34,9 @@ def test_metadata_after_events_and_empty_arrays(tmp_path):
 
 @pytest.mark.parametrize("text, reason", [
     ('{"traceEvents": [{"ph": "X", "ts": 1', "not valid JSON"),
-    ('[1, 2, 3]', "not a JSON object"),
+    ('[1, 2, 3]', "no complete"),  # Chrome's array form, holding no events
+    ('"a string"', "not a JSON object"),
+    ('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 2}, {"ph": "X", "na', "not valid JSON"),
     ('{"other": 1}', "no 'traceEvents'"),
     ('{"traceEvents": []}', "no complete"),
 ])
@@ -44,3 +46,22 @@ def test_bad_traces_name_the_file(tmp_path, text, reason):
     with pytest.raises(TraceError) as exc:
         load_trace(path)
     assert reason in str(exc.value) and "bad.json" in str(exc.value)
+
+
+def test_array_form_pieces_and_odd_values(tmp_path, monkeypatch):
+    """Chrome's bare-array form; events split into pieces at boundaries, one of them inside a string (the
+    decoder refuses it and an earlier one is used); numbers written as strings; string pids."""
+    from profkit.analyze import trace as trace_module
+
+    monkeypatch.setattr(trace_module, "_CHUNK", 64)  # tiny pieces: every boundary case is exercised
+    events = [{"ph": "X", "name": f"op{i} }}, {{ not a boundary", "cat": "cpu_op", "ts": i, "dur": 1,
+               "pid": "Spans", "tid": i % 3, "args": {"Sequence number": str(i)}} for i in range(50)]
+    events.append({"ph": "i", "name": "[memory]", "ts": 60, "args": {"Bytes": 512, "Total Allocated": 1024,
+                                                                   "Total Reserved": 4096, "Device Type": 1}})
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps(events))
+    t = load_trace(path)
+    assert t.name.tolist() == [e["name"] for e in events[:50]]
+    assert t.seq.tolist() == list(range(50)) and t.ts.tolist() == [float(i) for i in range(50)]
+    assert t.threads[t.thread_id[4]] == "Spans/1"
+    assert t.memory.bytes.tolist() == [512] and t.memory.total_reserved.tolist() == [4096]
