@@ -5,7 +5,9 @@ RTX 2080 Ti GPUs) and for a trace of at least 1 GB built by repeating the profil
 trace, each tool runs in a fresh process, the two interleaved, ``--repeats`` times:
   - HTA: ``TraceAnalysis(trace_files={0: trace})`` (its parse) plus ``get_temporal_breakdown()``;
   - profkit: ``profkit.analyze.breakdown([trace])`` -- the whole time breakdown the CLI prints.
-Wall time is measured around the call; peak memory is the process's peak RSS minus its RSS after imports.
+Each process first analyses a small trace (so lazy imports and first-use allocations are not counted), then
+resets its peak RSS (/proc/self/clear_refs); wall time is measured around the call, peak memory is the peak
+RSS during it minus the RSS before it.
 Figures are ratios measured in the same run: speed-up = HTA wall / profkit wall, and profkit's peak over
 the uncompressed trace size. Targets: speed-up >= 4, peak <= 2x the trace. The GPU busy time of both tools
 is reported too (they must agree where HTA reads the trace).
@@ -31,36 +33,46 @@ OUT = ROOT / "reports" / "benchmarks" / "gpu_traces_vs_hta.json"
 SOURCE_OF_BIG = "v100_2rank_rank1_memory_events.json.gz"
 
 MEASURE = r"""
-import json, logging, resource, sys, time, warnings
-import psutil
-tool, path = sys.argv[1], sys.argv[2]
+import json, logging, os, re, sys, time, warnings
+tool, path, warmup = sys.argv[1], sys.argv[2], sys.argv[3]
 warnings.filterwarnings("ignore")
 if tool == "hta":
     from hta.trace_analysis import TraceAnalysis
     logging.disable(logging.CRITICAL)
 else:
     from profkit.analyze import breakdown
-base = psutil.Process().memory_info().rss
-t0 = time.perf_counter()
-if tool == "hta":
-    import os
-    ta = TraceAnalysis(trace_files={0: path}, trace_dir=os.path.dirname(path), include_last_profiler_step=True)
-    row = ta.get_temporal_breakdown(visualize=False).iloc[0]
-    busy_us = float(row["compute_time(us)"] + row["non_compute_time(us)"])
-else:
-    bd = breakdown([path])
+
+
+def status(key):
+    return int(re.search(key + r":\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+
+
+def run(trace):
+    if tool == "hta":
+        ta = TraceAnalysis(trace_files={0: trace}, trace_dir=os.path.dirname(trace), include_last_profiler_step=True)
+        row = ta.get_temporal_breakdown(visualize=False).iloc[0]
+        return float(row["compute_time(us)"] + row["non_compute_time(us)"])
+    bd = breakdown([trace])
     assert not bd.failed, bd.problems
-    run = bd.runs.iloc[0]
+    r = bd.runs.iloc[0]
     gpu = bd.time[(bd.time.resource == "gpu") & (bd.time.category != "idle")]
-    busy_us = float(gpu.seconds.sum() * run.profiled_steps * 1e6)
+    return float(gpu.seconds.sum() * r.profiled_steps * 1e6)
+
+
+run(warmup)  # lazy imports and first-use allocations of both tools happen here, not in the measurement
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS (VmHWM) to the current RSS
+base = status("VmRSS")
+t0 = time.perf_counter()
+busy_us = run(path)
 wall = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"wall_s": wall, "peak_increase_bytes": peak - base, "gpu_busy_us": busy_us}))
+print(json.dumps({"wall_s": wall, "peak_increase_bytes": status("VmHWM") - base, "gpu_busy_us": busy_us}))
 """
+WARMUP = FIXTURES / "a100_alexnet_single.json.gz"
 
 
 def measure(tool: str, trace: Path) -> dict:
-    done = subprocess.run([sys.executable, "-c", MEASURE, tool, str(trace)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", MEASURE, tool, str(trace), str(WARMUP)], capture_output=True,
+                          text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])

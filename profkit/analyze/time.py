@@ -229,14 +229,11 @@ def analyze_time(trace: Trace) -> TimeResult:
     rows["overlapped_seconds"] = rows.pop("overlapped_us") / 1e6 / n_steps
     summary = rows.groupby(["resource", "category", "phase"], as_index=False)[["seconds", "overlapped_seconds"]].sum()
     by_name = rows.groupby(["resource", "category", "name_id"], as_index=False)[["seconds", "overlapped_seconds"]].sum()
-    labels_of = np.asarray(trace.names + [IDLE_NAME], dtype=object)
+    labels_of = np.asarray(trace.names + [f"idle: {r}" for r in IDLE_REASONS], dtype=object)
     by_name.insert(2, "name", labels_of[by_name.pop("name_id").astype(np.int64)])
     ops = HostOps(host, np.asarray(parents, dtype=np.int64), phase, np.array(context_cat, dtype=object))
     return TimeResult(summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), step_s,
                       gpu_window_s, n_steps, notes, ops, windows)
-
-
-IDLE_NAME = "(no kernel running)"
 
 
 def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: list, phase: np.ndarray, in_steps,
@@ -248,7 +245,7 @@ def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: li
     launch = dict(zip(trace.correlation[runtime].tolist(), local[runtime].tolist()))
     gpu = np.flatnonzero(trace.mask(*GPU_CATS))
     kernel_code = code.get("kernel", -1)
-    named = [by_name(nm) for nm in trace.names]
+    names = trace.names
     ts, corr, cid, nid = trace.ts, trace.correlation[gpu].tolist(), trace.cat_id[gpu].tolist(), trace.name_id[gpu].tolist()
     host_ts = trace.ts[host].tolist()
     cats, phases, launched = [], [], np.empty(len(gpu))
@@ -260,7 +257,7 @@ def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: li
         else:
             c = context_cat[r] if r is not None else None
             if c in (None, "other", "host_overhead"):
-                c = named[nid[j]] or "other"
+                c = by_name(names[nid[j]]) or "other"  # cached per name; only kernels without context
         cats.append(c)
         phases.append(phase[r] if r is not None else "unattributed")
     mask = in_steps(launched) if len(gpu) else np.zeros(0, dtype=bool)
@@ -272,9 +269,50 @@ def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: li
     window = float(end.max() - start.min())
     rows = pd.DataFrame({"resource": "gpu", "category": cats, "phase": phases, "name_id": trace.name_id[gpu],
                          "us": exposed, "overlapped_us": (end - start) - exposed})
-    idle = pd.DataFrame([{"resource": "gpu", "category": "idle", "phase": "all", "name_id": len(trace.names),
-                          "us": window - exposed.sum(), "overlapped_us": 0.0}])
+    sync = np.flatnonzero(trace.mask(*HOST_CATS, "cuda_sync") & np.isin(trace.name_id, trace.name_ids(SYNC.search)))
+    reasons = idle_reasons(start, end, launched[mask], trace.ts[sync], trace.ts[sync] + trace.dur[sync], in_steps)
+    idle = pd.DataFrame([{"resource": "gpu", "category": "idle", "phase": "all",
+                          "name_id": len(trace.names) + IDLE_REASONS.index(reason), "us": us, "overlapped_us": 0.0}
+                         for reason, us in reasons.items()])
     return pd.concat([rows, idle], ignore_index=True), window / n_steps / 1e6
+
+
+# Host calls that block until the device is done: the GPU goes idle when they return, until the next launch.
+SYNC = re.compile(r"^(cuda|hip)(Device|Stream|Event)Synchronize|^(cuda|hip)Memcpy(2D)?$|^(cuda|hip)StreamWaitEvent")
+IDLE_REASONS = ("waiting for the host to launch", "waiting on a synchronisation", "outside a profiled step",
+                "launch latency and dependencies")
+
+
+def idle_reasons(start: np.ndarray, end: np.ndarray, launched: np.ndarray, sync_start: np.ndarray,
+                 sync_end: np.ndarray, in_steps) -> dict[str, float]:
+    """Why the GPU is idle in each gap between kernels (µs by reason, adding up to the idle time): outside
+    every profiled step; else a blocking host call (synchronize, synchronous copy) overlaps the gap; else the
+    next kernel was launched only after the gap began (the host could not keep up); else launch latency and
+    stream dependencies."""
+    order = np.argsort(start, kind="stable")
+    s, e, launch = start[order], end[order], launched[order]
+    reach = np.maximum.accumulate(e)  # the union's end so far
+    gap_start, gap_end = reach[:-1], s[1:]
+    is_gap = gap_end > gap_start
+    gap_start, gap_end, next_launch = gap_start[is_gap], gap_end[is_gap], launch[1:][is_gap]
+    out = dict.fromkeys(IDLE_REASONS, 0.0)
+    if not len(gap_start):
+        return out
+    length = gap_end - gap_start
+    outside = ~in_steps((gap_start + gap_end) / 2)
+    if len(sync_start):
+        order_s = np.argsort(sync_start)
+        ss, se = sync_start[order_s], np.maximum.accumulate(sync_end[order_s])
+        k = np.searchsorted(ss, gap_end, side="left") - 1  # the last sync call starting before the gap ends
+        synced = (k >= 0) & (se[np.clip(k, 0, None)] > gap_start)
+    else:
+        synced = np.zeros(len(length), dtype=bool)
+    host_late = next_launch >= gap_start
+    out[IDLE_REASONS[2]] = float(length[outside].sum())
+    out[IDLE_REASONS[1]] = float(length[~outside & synced].sum())
+    out[IDLE_REASONS[0]] = float(length[~outside & ~synced & host_late].sum())
+    out[IDLE_REASONS[3]] = float(length[~outside & ~synced & ~host_late].sum())
+    return out
 
 
 # Which work holds the GPU when several kernels run at once: compute first (what the step waits for), then

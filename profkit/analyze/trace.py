@@ -162,7 +162,7 @@ _ARGS_FIELDS = {"Sequence number": "seq", "correlation": "correlation", "Bytes":
                 "Device Id": "device_id", "Addr": "addr"}
 _TYPED = msgspec.json.Decoder(list[_Event])
 # Events are decoded in pieces of about this many bytes, so memory holds one piece of text, not the file.
-_CHUNK = 1 << 20
+_CHUNK = 256 << 10
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _ARRAY_END = re.compile(rb"\}\s*\]")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')

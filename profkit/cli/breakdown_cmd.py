@@ -122,6 +122,19 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         t.add_row("[bold]sum[/]", *[human_seconds(tim.loc[run].sum()) for run in chunk])
         out.print(t)
 
+    gpu_runs = [r for r in tim.index if tables.primary_resource(bd, r) == "gpu"]
+    host = tables.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
+    for chunk in chunks(gpu_runs, out.width) if gpu_runs else []:
+        t = Table(title="Host time per profiled step of the GPU runs (op self time on the profiled thread)")
+        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
+        for run in chunk:
+            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
+        for cat in host.columns:
+            t.add_row(cat, *[human_seconds(host.loc[run, cat]) for run in chunk])
+        t.add_row("[bold]sum[/]", *[human_seconds(host.loc[run].sum()) for run in chunk])
+        out.print(t)
+    for sentence in tables.idle_sentences(bd):
+        out.print(escape(sentence), highlight=False)
     for sentence in tables.exposure_sentences(bd):
         out.print(escape(sentence), highlight=False)
     baseline = baseline or tables.default_baseline(bd)

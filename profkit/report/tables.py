@@ -56,6 +56,21 @@ def exposure_sentences(bd: Breakdown) -> list[str]:
     return out
 
 
+def idle_sentences(bd: Breakdown) -> list[str]:
+    """GPU runs: why the GPU was idle, per profiled step."""
+    from profkit.report.units import human_seconds
+
+    idle = bd.time_by_name[(bd.time_by_name.get("resource") == "gpu") & (bd.time_by_name.get("category") == "idle")] \
+        if not bd.time_by_name.empty else bd.time_by_name
+    out = []
+    for run, g in idle.groupby("run", sort=False):
+        g = g[g.seconds > 0].sort_values("seconds", ascending=False)
+        if len(g):
+            reasons = ", ".join(f"{human_seconds(r.seconds)} {r['name'].removeprefix('idle: ')}" for _, r in g.iterrows())
+            out.append(f"{run}: GPU idle {human_seconds(g.seconds.sum())} per step: {reasons}")
+    return out
+
+
 def comparison(bd: Breakdown) -> pd.DataFrame:
     """One row per run (failed and unsupported runs included, with their status)."""
     if bd.runs.empty:

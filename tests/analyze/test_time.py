@@ -162,3 +162,26 @@ def test_hidden_communication_matches_htas_overlap(trace):
     result = analyze_time(t)
     g = result.rows[(result.rows.resource == "gpu") & (result.rows.category == "communication")]
     assert 0 < g.overlapped_seconds.sum() < g.seconds.sum()
+
+
+def test_idle_reasons():
+    from profkit.analyze.time import IDLE_REASONS, idle_reasons
+
+    # kernels 0-10, 20-30 (launched at 25: host late), 32-40 (launched at 5: dependency), 60-70 (a sync call
+    # 40-50 blocks the host), 200-210 (outside the step, which ends at 100)
+    start = np.array([0.0, 20.0, 32.0, 60.0, 200.0])
+    end = np.array([10.0, 30.0, 40.0, 70.0, 210.0])
+    launched = np.array([0.0, 25.0, 5.0, 55.0, 90.0])
+    in_steps = lambda t: np.asarray(t) < 100  # noqa: E731
+    got = idle_reasons(start, end, launched, np.array([40.0]), np.array([50.0]), in_steps)
+    assert got == {IDLE_REASONS[0]: 10.0, IDLE_REASONS[1]: 20.0, IDLE_REASONS[2]: 130.0, IDLE_REASONS[3]: 2.0}
+
+
+def test_gpu_idle_is_explained_and_adds_up():
+    """AlexNet: the host synchronizes (cuda_sync) and launches late; the reasons add up to the idle time."""
+    result = analyze_time(load_trace(GPU_TRACES / "a100_alexnet_single.json.gz"))
+    idle = result.by_name[(result.by_name.resource == "gpu") & (result.by_name.category == "idle")].set_index("name")
+    total = result.rows[(result.rows.resource == "gpu") & (result.rows.category == "idle")].seconds.sum()
+    assert idle.seconds.sum() == pytest.approx(total)
+    assert idle.loc["idle: waiting on a synchronisation", "seconds"] > 0
+    assert idle.loc["idle: waiting for the host to launch", "seconds"] > 0
