@@ -24,6 +24,10 @@ from profkit.analyze.trace import TraceError, load_trace
 TRACE_SUFFIXES = (".json", ".json.gz")
 MEMORY_COLUMNS = ["run", "method", "category", "phase", "bytes"]
 TIME_COLUMNS = ["run", "method", "resource", "category", "phase", "seconds", "overlapped_seconds"]
+# Every run row has these columns, whatever it is (a failed run, a foreign trace): absent values are NaN/None.
+RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine", "settings", "status", "reason",
+               "device", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s", "gpu_step_time_s",
+               "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes"]
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         c.runs.append(_analyse(src, problems, c, notes))
         c.notes[src.run] = notes
     return Breakdown(
-        runs=pd.DataFrame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
+        runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
         time_by_name=c.frame("time_by_name"), measured=c.frame("measured"),
         predicted=c.frame("predicted", ["run", "method", *PREDICTED_COLUMNS]),
         problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records,
@@ -178,6 +182,12 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
         memory_over_time=c.frame("memory_over_time"),
     )
+
+
+def _runs_frame(rows: list[dict]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows)
+    extra = [col for col in frame.columns if col not in RUN_COLUMNS]
+    return frame.reindex(columns=RUN_COLUMNS + extra)
 
 
 def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[str]) -> dict:

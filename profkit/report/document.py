@@ -20,6 +20,8 @@ PLOTS = {
     "time_by_category.png": ("Step time by operator category", plots.time_bars),
     "memory_timelines.png": ("Memory timeline of each run's memory cycle (phases shaded)", plots.memory_timelines),
     "peak_memory_vs_step_time.png": ("Peak memory against step time, with the Pareto front", plots.pareto),
+    "trace_memory_over_time.png": ("Memory over time in traces profkit did not record ([memory] events)",
+                                   plots.trace_memory_over_time),
 }
 
 
@@ -108,6 +110,11 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> s
                       tables.time_per_step(bd).map(human_seconds).T.to_markdown()]
         if img.name == "memory_timelines.png":
             parts += ["", "The profiler's own categories over time, before reconciliation with the inventory."]
+        if img.name == "trace_memory_over_time.png":
+            live = bd.trace_memory.assign(bytes=bd.trace_memory["bytes"].map(human_bytes))
+            parts += ["", "Bytes live at each device's allocated peak, by the phase and operator category that "
+                          "allocated them (parameters, gradients and optimizer state need profkit's inventory).", "",
+                      live[["run", "device", "phase", "category", "bytes", "allocations"]].to_markdown(index=False)]
     baseline = tables.default_baseline(bd)
     if baseline:
         parts += ["", f"## Against {baseline}", ""] + [f"- {s}" for s in tables.delta_sentences(bd, baseline)]

@@ -64,10 +64,12 @@ def _bar_chart(frame, scale: float, unit: str, title: str, path: Path, annotate=
     return path
 
 
-def memory_bars(bd: Breakdown, path: Path) -> Path:
+def memory_bars(bd: Breakdown, path: Path) -> Path | None:
     """Composition as a share of each run's measured peak, the peak itself written on the bar: peaks span
     three orders of magnitude across methods, and stacked bars on a log axis would misdraw the parts."""
     mem = tables.memory_at(bd)
+    if mem.empty:
+        return None  # traces profkit did not record have no inventory to decompose
     measured = bd.runs.set_index("run")["measured_peak_bytes"].reindex(mem.index)
     share = mem.clip(lower=0).div(measured, axis=0) * 100
 
@@ -114,6 +116,32 @@ def memory_timelines(bd: Breakdown, path: Path) -> Path | None:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in TIMELINE_COLORS.values()]
     fig.legend(handles, list(TIMELINE_COLORS), loc="lower center", ncol=len(TIMELINE_COLORS), fontsize=8)
     fig.tight_layout(rect=(0.02, 0.06, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def trace_memory_over_time(bd: Breakdown, path: Path) -> Path | None:
+    """Traces profkit did not record: allocated and reserved memory of each accelerator over the trace,
+    from its [memory] events."""
+    m = bd.memory_over_time
+    if m.empty:
+        return None
+    m = m[m.device != "cpu"]
+    series = list(m.groupby(["run", "device"], sort=False))
+    if not series:
+        return None
+    fig, axes = plt.subplots(len(series), 1, figsize=(9, 2.4 * len(series)), squeeze=False)
+    for ax, ((run, device), g) in zip(axes.flat, series):
+        ax.plot(g.t_s * 1e3, g.allocated_bytes / MIB, lw=0.9, label="allocated")
+        if g.reserved_bytes.notna().any():
+            ax.plot(g.t_s * 1e3, g.reserved_bytes / MIB, lw=0.9, label="reserved")
+        ax.set_title(f"{run} ({device})", fontsize=9)
+        ax.set_ylabel("MiB", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7, loc="upper left")
+    axes.flat[-1].set_xlabel("ms from the trace's first event", fontsize=8)
+    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path

@@ -170,6 +170,17 @@ def to_records(bd: Breakdown) -> list[dict]:
             if res == "gpu":
                 rec["time_cpu"] = t[t.resource == "cpu"].groupby("category").seconds.sum().to_dict()
                 rec["time_cpu"]["step_time"] = _clean(r.get("profiled_step_time_s"))
+                hidden = t[t.resource == "gpu"].groupby("category").overlapped_seconds.sum()
+                rec["time_overlapped"] = {c: v for c, v in hidden.items() if v > 0}
+                idle = bd.time_by_name[(bd.time_by_name.run == run) & (bd.time_by_name.category == "idle")]
+                rec["gpu_idle_by_reason"] = {n.removeprefix("idle: "): v for n, v in zip(idle.name, idle.seconds)}
+        peaks = bd.trace_memory_peaks[bd.trace_memory_peaks.run == run] if len(bd.trace_memory_peaks) else []
+        if len(peaks):
+            rec["trace_memory"] = {
+                "peaks": [{k: _clean(v) for k, v in p.items() if k not in ("run", "method")}
+                          for p in peaks.to_dict("records")],
+                "live_at_peak": [{k: _clean(v) for k, v in p.items() if k not in ("run", "method")}
+                                 for p in bd.trace_memory[bd.trace_memory.run == run].to_dict("records")]}
         out.append(rec)
     return out
 

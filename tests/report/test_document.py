@@ -102,3 +102,17 @@ def test_findings_pair_runs_by_their_manifest_not_their_names(matrix, tmp_path):
     assert any(s.startswith("Gradient checkpointing (with_checkpointing vs baseline)") for s in sentences)
     assert any(s.startswith("QLoRA (small) holds") for s in sentences)
     assert not any("(small vs" in s or "ZeRO" in s for s in sentences)
+
+
+def test_report_of_traces_recorded_by_others(tmp_path):
+    """Foreign GPU traces: no inventory tables, but memory over time from [memory] events, idle reasons and
+    exposed communication among the findings."""
+    from tests.conftest import GPU_TRACES
+
+    rep = write_report([GPU_TRACES / "v100_2rank_rank1_memory_events.json.gz",
+                        GPU_TRACES / "a100_distributed_rank0.json.gz"], tmp_path / "foreign")
+    names = {p.name for p in rep.images}
+    assert "trace_memory_over_time.png" in names and "memory_by_owner.png" not in names
+    text = rep.markdown_path.read_text()
+    assert "GPU idle" in text and "of which" in text and "exposed" in text
+    assert "allocated before the trace" in text
