@@ -74,6 +74,10 @@ class RunRecord:
         for required in ("method",):
             if required not in values:
                 raise ManifestError(f"{source}: no {required!r} field")
+        if values.get("status", "interrupted") not in STATUSES:
+            raise ManifestError(f"{source}: unknown status {values['status']!r}; valid: {', '.join(STATUSES)}")
+        if values.get("engine", "loop") not in ENGINES:
+            raise ManifestError(f"{source}: unknown engine {values['engine']!r}; valid: {', '.join(ENGINES)}")
         values.setdefault("run", values["method"])
         values.setdefault("kind", "train")
         values.setdefault("settings", {})

@@ -112,27 +112,12 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         out.print(t)
 
     tim = tables.time_per_step(bd)
-    for chunk in chunks([r for r in bd.runs.run if r in tim.index], out.width):
-        t = Table(title="Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)")
-        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
-        for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
-        for cat in tim.columns:
-            t.add_row(cat, *[human_seconds(tim.loc[run, cat]) for run in chunk])
-        t.add_row("[bold]sum[/]", *[human_seconds(tim.loc[run].sum()) for run in chunk])
-        out.print(t)
-
+    _category_tables(out, "Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)",
+                     tim, [r for r in bd.runs.run if r in tim.index])
     gpu_runs = [r for r in tim.index if tables.primary_resource(bd, r) == "gpu"]
     host = tables.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
-    for chunk in chunks(gpu_runs, out.width) if gpu_runs else []:
-        t = Table(title="Host time per profiled step of the GPU runs (op self time on the profiled thread)")
-        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
-        for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
-        for cat in host.columns:
-            t.add_row(cat, *[human_seconds(host.loc[run, cat]) for run in chunk])
-        t.add_row("[bold]sum[/]", *[human_seconds(host.loc[run].sum()) for run in chunk])
-        out.print(t)
+    _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
+                     host, gpu_runs)
     for sentence in tables.idle_sentences(bd):
         out.print(escape(sentence), highlight=False)
     for sentence in tables.exposure_sentences(bd):
@@ -149,6 +134,19 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         for note in notes:
             if note not in bd.common_notes():
                 out.print(f"[dim]{escape(run)}: {escape(note)}[/]", highlight=False)
+
+
+def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[str]) -> None:
+    """Seconds per step by category, one column per run, split into tables that fit the terminal."""
+    for chunk in chunks(runs, out.width) if runs else []:
+        t = Table(title=title)
+        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
+        for run in chunk:
+            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
+        for cat in frame.columns:
+            t.add_row(cat, *[human_seconds(frame.loc[run, cat]) for run in chunk])
+        t.add_row("[bold]sum[/]", *[human_seconds(frame.loc[run].sum()) for run in chunk])
+        out.print(t)
 
 
 def _print_trace_memory(out: Console, bd: Breakdown) -> None:
