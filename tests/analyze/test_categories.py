@@ -134,3 +134,17 @@ def test_the_2021_schema_is_read(real):
     gpu = t[t.resource == "gpu"].groupby("category").seconds.sum()
     assert gpu["convolution"] > gpu.drop(["convolution", "idle"]).max()  # ResNet-50: convolution first
     assert {"forward", "backward", "optimizer"} <= set(t.phase)
+
+
+def test_lowered_rules_equal_case_insensitive_matching():
+    """by_name lowers the name once instead of matching with re.IGNORECASE: the same answer for every distinct
+    name in the real traces."""
+    import re
+
+    from profkit.analyze.trace import load_trace
+
+    rules = [(cat, re.compile(rx, re.IGNORECASE)) for cat, rx in RULES]
+    names = {n for p in REAL for n in load_trace(p).names} | {n for n, _ in MUST + MUST_NOT}
+    for name in names:
+        expected = next((cat for cat, rx in rules if rx.search(name)), None)
+        assert by_name(name) == expected, name
