@@ -92,7 +92,8 @@ class Session:
         self.cuda = self.device == "cuda"
         # What the live objects say the method is; for a user's run this is the method, for profkit's own
         # runs it is kept beside the registry's settings as a check.
-        found = describe.method_of(self.parts, inference=self.parts.optimizer is None)
+        inference = self.parts.optimizer is None and not any(p.requires_grad for p in self.parts.model.parameters())
+        found = describe.method_of(self.parts, inference=inference)
         if record is None:
             record = new_record(path.name, found.name, found.kind, found.settings(), engine,
                                 model=describe.model_info(self.parts))
