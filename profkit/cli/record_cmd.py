@@ -91,8 +91,9 @@ def record(
     if engine not in ENGINES:
         fail_usage(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "trainer" and any(m.kind != "train" for m in chosen):
-        fail_usage("--engine trainer records training methods only; "
-                   f"{', '.join(m.name for m in chosen if m.kind != 'train')} are inference methods")
+        inference = [m.name for m in chosen if m.kind != "train"]
+        fail_usage(f"--engine trainer records training methods only; {', '.join(inference)} "
+                   + ("is an inference method" if len(inference) == 1 else "are inference methods"))
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
 
