@@ -259,3 +259,13 @@ def test_trainer_engine_records_beside_the_loop_and_the_breakdown_says_why_they_
     assert abs(float(pred.error.iloc[0])) < 0.5
     table = run_cli("breakdown", str(engines), env={"COLUMNS": "80"})
     assert "500,000,000 elements" in table.stdout and "4,096 under the Trainer" in table.stdout.replace("\n", " ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["lora", "--engine", "nope"], "valid: loop, trainer"),
+    (["infer_fp16", "--engine", "trainer"], "infer_fp16 is an inference method"),
+])
+def test_bad_engine_arguments(args, message):
+    result = run_cli("record", *args)
+    assert result.returncode == 2 and message in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr
