@@ -49,6 +49,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from profkit import describe, labels, store
 from profkit.inventory import take_inventory
 from profkit.manifest import RunRecord, new_record, now
+from profkit.methods import Method
 
 Progress = Callable[[str], None]  # called with the phase name after every step
 
@@ -110,6 +111,7 @@ class Session:
         self._tokens: list[int] = []
         self._tokens_now = 0
         self._last_loss = None
+        self._input_shape: tuple | None = None
         self._prof: profile | None = None
         self._labels = _Labels(self)
         self._t0 = time.perf_counter()
@@ -227,6 +229,9 @@ class Session:
             self._labels.remove()
             for h in self._always:
                 h.remove()
+            if rec.estimate is None and rec.kind == "train":
+                with self._native_output():  # the estimator imports peft and bitsandbytes, which chatter
+                    rec.estimate = self._estimate()
             self._write_record()
         if self._commit:
             self.path = store.commit(self.run_dir, self.root, self.target.name).path
@@ -312,6 +317,30 @@ class Session:
             with self._native_output():
                 prof.stop()  # mid-cycle, this still exports what was captured
 
+    def _estimate(self) -> dict:
+        """What ``profkit estimate`` predicts for this setup (the method read from the live objects, the model's
+        config, the batch the forward saw), so that ``breakdown`` sets it beside the measurement. Advisory: a
+        setup the estimator does not model gets the reason instead."""
+        from profkit.estimate import estimate
+        from profkit.methods import get_method
+
+        config = getattr(self.parts.model, "config", None)
+        if config is None or self._input_shape is None:
+            return {"error": "no estimate: not a Hugging Face model with a config, or no token batch was seen"}
+        found = self.record.model.get("found", {})
+        if found.get("quantization") not in (None, "nf4"):
+            return {"error": f"no estimate: the estimator models NF4, not {found.get('quantization')}"}
+        try:
+            fields = {k: v for k, v in found.items() if k in get_method("lora").__dataclass_fields__ and k != "method"}
+            fields["lora_targets"] = tuple(fields.get("lora_targets") or ())
+            method = Method(**{**fields, "name": found.get("method", "custom"), "kind": "train",
+                               "description": "found on the live objects"})
+            batch, seq = self._input_shape
+            return estimate(method, config, batch, seq, 1, "cuda" if self.cuda else "cpu", type(config).__name__,
+                            "trainer" if self.record.engine == "trainer" else "loop").to_json()
+        except Exception as exc:  # never fails a run
+            return {"error": f"no estimate: {type(exc).__name__}: {exc}"}
+
     def _take_inventory(self) -> None:
         p = self.parts
         self.record.inventory = take_inventory(p.model, p.optimizer, p.inner_optimizer)
@@ -329,6 +358,8 @@ class Session:
                 ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
                 self._tokens_now += ids.numel()
+                if self._input_shape is None and ids.dim() == 2:
+                    self._input_shape = tuple(ids.shape)  # (batch, sequence): what the estimate needs
 
     def _keep_loss(self, module, args, output) -> None:
         loss = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")

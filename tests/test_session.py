@@ -78,6 +78,11 @@ def test_readme_examples_record_and_break_down(tmp_path):
         assert bd.records[run].method == "lora" and found["lora_r"] == 8
         assert sorted(found["lora_targets"]) == ["q_proj", "v_proj"]
     assert bd.records["my_loop"].engine == "session" and bd.records["my_trainer"].engine == "trainer"
+    # The estimate of the setup read from the live objects, beside the measurement: static categories exact.
+    for run in ("my_loop", "my_trainer"):
+        p = bd.predicted[bd.predicted.run == run].set_index("category")
+        assert p.loc["parameters_trainable", "error"] == 0 and p.loc["optimizer_state", "error"] == 0
+        assert abs(p.loc["activations", "error"]) < 0.15
     assert bd.records["my_trainer"].engine_config["trainer"]["max_steps"] == 12
     table = run_cli("breakdown", *map(str, runs), env={"COLUMNS": "80"})
     assert table.returncode == 0, table.stderr
