@@ -27,7 +27,8 @@ TIME_COLUMNS = ["run", "method", "resource", "category", "phase", "seconds", "ov
 # Every run row has these columns, whatever it is (a failed run, a foreign trace): absent values are NaN/None.
 RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine", "settings", "status", "reason",
                "device", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s", "gpu_step_time_s",
-               "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes"]
+               "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
+               "rank", "world_size", "first_step_start_us"]
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,11 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         c.add("time_by_name", t.by_name, src.run, method)
         row.update(profiled_step_time_s=t.step_time_s, gpu_step_time_s=t.gpu_window_s, profiled_steps=t.n_steps,
                    coverage_cpu=t.coverage("cpu"), coverage_gpu=t.coverage("gpu") if t.gpu_window_s else None)
+        info = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
+        if isinstance(info.get("rank"), int) and isinstance(info.get("world_size"), int):
+            # Kineto timestamps are µs since the epoch, or since baseTimeNanoseconds in newer traces.
+            row.update(rank=info["rank"], world_size=info["world_size"],
+                       first_step_start_us=t.windows[0][0] + trace.base_time_ns / 1e3 if t.windows else None)
         notes += t.notes
     except TraceError as exc:
         problems.append(Problem(exc.path, exc.reason))

@@ -10,7 +10,7 @@ from rich.markup import escape
 from rich import box
 from rich.table import Table
 
-from profkit.analyze import Breakdown, breakdown as analyse
+from profkit.analyze import Breakdown, breakdown as analyse, ranks
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.exitcodes import Exit
 from profkit.cli.common import Format, chunks, fail_usage
@@ -118,6 +118,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     host = tables.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
     _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
                      host, gpu_runs)
+    _print_ranks(out, bd)
     for sentence in tables.idle_sentences(bd):
         out.print(escape(sentence), highlight=False)
     for sentence in tables.exposure_sentences(bd):
@@ -147,6 +148,29 @@ def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[s
             t.add_row(cat, *[human_seconds(frame.loc[run, cat]) for run in chunk])
         t.add_row("[bold]sum[/]", *[human_seconds(frame.loc[run].sum()) for run in chunk])
         out.print(t)
+
+
+def _print_ranks(out: Console, bd: Breakdown) -> None:
+    """Ranks of one job (traces with distributedInfo): each category across ranks, and each rank."""
+    across, per_rank = ranks.across_ranks(bd), ranks.rank_summary(bd)
+    for group, g in across.groupby("group", sort=False):
+        t = Table(title=f"{group}: time per step across ranks", box=box.SIMPLE_HEAD, padding=(0, 1))
+        for col in ("category", "min", "median", "max", "slowest rank"):
+            t.add_column(col, justify="left" if col == "category" else "right", no_wrap=True)
+        for _, r in g.iterrows():
+            t.add_row(r.category, human_seconds(r.min_s), human_seconds(r.median_s), human_seconds(r.max_s),
+                      str(r.slowest_rank))
+        out.print(t)
+        t = Table(title=f"{group}: each rank", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption="start skew: how much later than the earliest rank its first profiled step began")
+        for col in ("rank", "run", "step", "start skew", "communication", "overlapped"):
+            t.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+        for _, r in per_rank[per_rank.group == group].iterrows():
+            t.add_row(str(r["rank"]), r.run, human_seconds(r.step_s), f"{r.start_skew_ms:.2f} ms",
+                      human_seconds(r.communication_s), human_seconds(r.communication_overlapped_s))
+        out.print(t)
+    for sentence in ranks.sentences(bd):
+        out.print(escape(sentence), highlight=False)
 
 
 def _print_trace_memory(out: Console, bd: Breakdown) -> None:
