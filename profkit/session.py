@@ -225,6 +225,11 @@ class Session:
             self._stop_profiler()
             if self.phase == "memory_profile":
                 self._end_memory_cycle()
+        except Exception as failure:  # never let saving what was captured hide the run's own outcome
+            if rec.status == "ok":
+                rec.status = "failed"
+            rec.reason = ((rec.reason + "; ") if rec.reason else "") + \
+                f"saving the profile failed: {type(failure).__name__}: {failure}"
         finally:
             self._labels.remove()
             for h in self._always:

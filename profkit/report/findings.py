@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit.analyze import Breakdown
+from profkit.analyze import Breakdown, ranks
 from profkit.report import tables
 from profkit.report.units import human_bytes, human_seconds
 
@@ -125,7 +125,7 @@ def findings(bd: Breakdown) -> list[str]:
             out.append(f"{run}: the largest time category is {top}, {human_seconds(row[top])} of "
                        f"{human_seconds(row.sum())} per profiled step ({100 * row[top] / row.sum():.0f}%).")
     out += engine_differences(bd)
-    out += tables.idle_sentences(bd) + tables.exposure_sentences(bd)
+    out += tables.idle_sentences(bd) + tables.exposure_sentences(bd) + ranks.sentences(bd)
     if len(v.runs):
         for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
             out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")

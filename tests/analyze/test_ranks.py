@@ -74,3 +74,10 @@ def test_two_ranks_of_a_larger_job_and_the_cli(tmp_path):
     assert group.endswith("(2 of 128 ranks)") and len(runs) == 2
     out = run_cli("breakdown", str(DLRM), env={"COLUMNS": "80"})
     assert out.returncode == 0 and "time per step across ranks" in out.stdout and "start skew" in out.stdout
+
+
+def test_the_report_names_the_slowest_rank(dlrm, tmp_path):
+    from profkit.report.document import write_report
+
+    rep = write_report([DLRM], tmp_path / "ranks")
+    assert "the slowest rank is" in rep.markdown_path.read_text()
