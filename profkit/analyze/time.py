@@ -61,9 +61,11 @@ class TimeResult:
     windows: list[tuple[float, float]] = field(default_factory=list)  # profiled steps, µs
 
     def coverage(self, resource: str = "cpu") -> float:
-        r = self.rows[self.rows.resource == resource]
-        total = r.seconds.sum()
-        return float(1 - r.loc[r.category == "other", "seconds"].sum() / total) if total else 0.0
+        mine = (self.rows.resource == resource).to_numpy()
+        seconds = self.rows.seconds.to_numpy()
+        total = seconds[mine].sum()
+        other = seconds[mine & (self.rows.category == "other").to_numpy()].sum()
+        return float(1 - other / total) if total else 0.0
 
 
 def _phase_of(name: str, parent_phase: str | None) -> str | None:
@@ -216,15 +218,17 @@ def analyze_time(trace: Trace) -> TimeResult:
     if busy > 0.01 * step_s:
         notes.append(f"{trace.path.name}: {busy * 1e3:.2f} ms/step of op time on other threads is not in the "
                      "host breakdown (it runs concurrently with the profiled thread)")
-    # Step annotations themselves: their self time is host time outside any op.
-    rows = pd.DataFrame({"resource": "cpu", "category": np.array(self_cat, dtype=object)[counted],
-                         "phase": phase[counted], "name_id": trace.name_id[host[counted]],
-                         "us": self_arr[counted].clip(min=0), "overlapped_us": 0.0})
-
+    # Step annotations themselves: their self time is host time outside any op. Columns are plain arrays
+    # until the two summaries: a small trace is analysed in milliseconds, and intermediate DataFrames cost more.
+    parts = [{"resource": np.full(len(counted), "cpu", dtype=object),
+              "category": np.array(self_cat, dtype=object)[counted], "phase": phase[counted],
+              "name_id": trace.name_id[host[counted]].astype(np.int64), "us": self_arr[counted].clip(min=0),
+              "overlapped_us": np.zeros(len(counted))}]
     gpu_window_s = None
     if trace.has_gpu:
-        gpu_rows, gpu_window_s = _gpu_rows(trace, host, local, context_cat, phase, in_steps, n_steps)
-        rows = pd.concat([rows, gpu_rows], ignore_index=True)
+        gpu_part, gpu_window_s = _gpu_rows(trace, host, local, context_cat, phase, in_steps, n_steps)
+        parts.append(gpu_part)
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     rows["seconds"] = rows.pop("us") / 1e6 / n_steps
     rows["overlapped_seconds"] = rows.pop("overlapped_us") / 1e6 / n_steps
     summary = _sum_by(rows, ["resource", "category", "phase"], ["seconds", "overlapped_seconds"])
@@ -236,11 +240,11 @@ def analyze_time(trace: Trace) -> TimeResult:
                       gpu_window_s, n_steps, notes, ops, windows)
 
 
-def _sum_by(frame: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataFrame:
-    """``frame.groupby(keys)[values].sum()``, keys sorted, without groupby's fixed cost: a small trace is
-    analysed in a few ms, and pandas' groupby machinery alone took half of that (measured)."""
-    codes, uniques = zip(*(pd.factorize(frame[k], sort=True, use_na_sentinel=False) for k in keys))
-    combined = np.zeros(len(frame), dtype=np.int64)
+def _sum_by(columns: dict[str, np.ndarray], keys: list[str], values: list[str]) -> pd.DataFrame:
+    """``DataFrame(columns).groupby(keys)[values].sum()``, keys sorted, without building the frame or paying
+    groupby's fixed cost: a small trace is analysed in a few ms, and those took half of it (measured)."""
+    codes, uniques = zip(*(pd.factorize(columns[k], sort=True, use_na_sentinel=False) for k in keys))
+    combined = np.zeros(len(columns[keys[0]]), dtype=np.int64)
     for c, u in zip(codes, uniques):
         combined = combined * max(len(u), 1) + c
     groups, inverse = np.unique(combined, return_inverse=True)
@@ -251,7 +255,7 @@ def _sum_by(frame: pd.DataFrame, keys: list[str], values: list[str]) -> pd.DataF
         rest = rest // max(len(u), 1)
     data = {k: out[k] for k in keys}
     for v in values:
-        data[v] = np.bincount(inverse, weights=frame[v].to_numpy(dtype=float), minlength=len(groups))
+        data[v] = np.bincount(inverse, weights=np.asarray(columns[v], dtype=float), minlength=len(groups))
     return pd.DataFrame(data)
 
 
@@ -282,18 +286,22 @@ def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: li
     mask = in_steps(launched) if len(gpu) else np.zeros(0, dtype=bool)
     gpu, cats, phases = gpu[mask], np.array(cats, dtype=object)[mask], np.array(phases, dtype=object)[mask]
     if not len(gpu):
-        return pd.DataFrame(columns=["resource", "category", "phase", "name_id", "us", "overlapped_us"]), 0.0
+        empty = {k: np.zeros(0, dtype=object) for k in ("resource", "category", "phase")}
+        return {**empty, "name_id": np.zeros(0, dtype=np.int64), "us": np.zeros(0), "overlapped_us": np.zeros(0)}, 0.0
     start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
     exposed = exposed_time(start, end, np.array([PRIORITY.get(c, 0) for c in cats]))
     window = float(end.max() - start.min())
-    rows = pd.DataFrame({"resource": "gpu", "category": cats, "phase": phases, "name_id": trace.name_id[gpu],
-                         "us": exposed, "overlapped_us": (end - start) - exposed})
     sync = np.flatnonzero(trace.mask(*HOST_CATS, "cuda_sync") & np.isin(trace.name_id, trace.name_ids(SYNC.search)))
     reasons = idle_reasons(start, end, launched[mask], trace.ts[sync], trace.ts[sync] + trace.dur[sync], in_steps)
-    idle = pd.DataFrame([{"resource": "gpu", "category": "idle", "phase": "all",
-                          "name_id": len(trace.names) + IDLE_REASONS.index(reason), "us": us, "overlapped_us": 0.0}
-                         for reason, us in reasons.items()])
-    return pd.concat([rows, idle], ignore_index=True), window / n_steps / 1e6
+    n_idle = len(reasons)
+    part = {"resource": np.full(len(gpu) + n_idle, "gpu", dtype=object),
+            "category": np.concatenate([cats, np.full(n_idle, "idle", dtype=object)]),
+            "phase": np.concatenate([phases, np.full(n_idle, "all", dtype=object)]),
+            "name_id": np.concatenate([trace.name_id[gpu].astype(np.int64),
+                                       len(trace.names) + np.array([IDLE_REASONS.index(r) for r in reasons])]),
+            "us": np.concatenate([exposed, np.array(list(reasons.values()), dtype=float)]),
+            "overlapped_us": np.concatenate([(end - start) - exposed, np.zeros(n_idle)])}
+    return part, window / n_steps / 1e6
 
 
 # Host calls that block until the device is done: the GPU goes idle when they return, until the next launch.
