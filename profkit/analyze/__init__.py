@@ -233,6 +233,9 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     except Exception as exc:  # no input may end in a traceback: name the file, keep analysing the others
         problems.append(Problem(time_trace, _unexpected(exc)))
 
+    if record is None and trace is None:
+        row["status"] = "unreadable"  # the problem says why; nothing more to say about its memory
+        return row
     if record is None:
         _foreign_memory(src, trace, t, row, c, notes, problems)
         return row
