@@ -5,7 +5,8 @@ a ``RunRecord``; every reader goes through ``read`` and so through the schema ch
 
 Schema history: 1 -- the first layout (a dict assembled in several places); 2 -- adds ``engine``, ``kind``
 is always set, ``engine_config``, ``settings`` describes the method as found on the live objects for runs profkit did not
-launch. Version 1 files read as version 2 (every field of 1 kept its meaning).
+launch; 3 -- several ranks: ``world_size``, each rank's own record carries its ``rank``, and the run's record lists
+``ranks`` (each rank's status and reason). Older files read as version 3 (every field kept its meaning; one rank).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STATUSES = ("ok", "incomplete", "oom", "failed", "unsupported", "interrupted")
 ENGINES = ("loop", "trainer", "session")
 LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "deepspeed", "datasets", "accelerate", "profkit")
@@ -57,6 +58,9 @@ class RunRecord:
     inventory: dict | None = None
     phases_done: list = field(default_factory=list)
     files: list = field(default_factory=list)
+    world_size: int = 1
+    rank: int | None = None  # set on one rank's record (in the run's rank<k>/ directory)
+    ranks: list = field(default_factory=list)  # on a multi-rank run's record: {rank, status, reason} per rank
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -90,6 +94,39 @@ class RunRecord:
     @property
     def complete(self) -> bool:
         return self.status == "ok"
+
+
+def combine(run: RunRecord, world_size: int, rank_records: dict[int, RunRecord | None],
+            missing_reason: str = "it ended without writing its manifest") -> RunRecord:
+    """The record of a run of ``world_size`` ranks from each rank's own (None: that rank wrote none). The run is
+    ``ok`` only if every rank is; otherwise it takes the status of the first rank that failed, ran out of memory
+    or was killed, and names it, so no partial multi-rank run can look complete. Interrupted ranks (stopped by
+    the launcher because another rank failed) rank after the one that caused it."""
+    run.world_size = world_size
+    run.ranks = []
+    for k in range(world_size):
+        rec = rank_records.get(k)
+        status, reason = (rec.status, rec.reason) if rec is not None else ("failed", missing_reason)
+        run.ranks.append({"rank": k, "status": status, "reason": reason})
+    severity = {"oom": 0, "failed": 1, "unsupported": 2, "interrupted": 3, "incomplete": 4, "ok": 5}
+    worst = min(run.ranks, key=lambda r: (severity[r["status"]], r["rank"]))
+    if worst["status"] == "ok":
+        run.status, run.reason = "ok", None
+    else:
+        others = [r["rank"] for r in run.ranks if r["status"] != "ok" and r is not worst]
+        run.status = worst["status"]
+        run.reason = (f"rank {worst['rank']} of {world_size}: {worst['reason'] or worst['status']}"
+                      + (f" (ranks {', '.join(map(str, others))} also did not finish)" if others else ""))
+    first = rank_records.get(0)
+    if first is not None:  # rank 0 speaks for what is the same on every rank
+        for name in ("device", "model", "estimate", "timings", "engine_config"):
+            setattr(run, name, getattr(first, name))
+        run.settings = run.settings or first.settings
+    for rec in rank_records.values():  # the highest peak of any rank
+        for key, value in (rec.peaks if rec is not None else {}).items():
+            if isinstance(value, (int, float)):
+                run.peaks[key] = max(run.peaks.get(key, value), value)
+    return run
 
 
 def read(path: Path) -> RunRecord:

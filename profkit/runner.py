@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from profkit import store
-from profkit.manifest import RunRecord, new_record
+from profkit.manifest import RunRecord, combine, new_record, now
 from profkit.methods import Method
 from profkit.settings import RunSettings
 
@@ -63,30 +65,36 @@ def record(methods: list[Method], base: RunSettings, root: Path, observer: Obser
     return outcomes
 
 
+# torchrun, not DeepSpeed's launcher: it ships with torch, runs on CPU (gloo) as on GPUs (NCCL), needs no hostfile
+# or pdsh, stops every rank when one fails and says which; DeepSpeed's engine reads the environment it sets.
+LAUNCHER = ("-m", "torch.distributed.run", "--standalone", "--nnodes=1")
+POLL_S = 0.1
+
+
+def worker_command(settings: RunSettings, partial: store.RunDir, events: Path) -> list[str]:
+    args = ["-m", "profkit.worker", "--run-dir", str(partial.path), "--settings", json.dumps(settings.to_json()),
+            "--events", str(events)]
+    if settings.nproc == 1:
+        return [sys.executable, *args]
+    return [sys.executable, *LAUNCHER, f"--nproc-per-node={settings.nproc}", *args]
+
+
 def record_one(method: Method, settings: RunSettings, root: Path, observer: Observer) -> Outcome:
     partial = store.new_partial(root, settings.run)
-    read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, "-m", "profkit.worker", "--run-dir", str(partial.path),
-           "--settings", json.dumps(settings.to_json()), "--events-fd", str(write_fd)]
+    events = partial.path / ".events"
+    events.touch()
     with open(partial.log, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                pass_fds=(write_fd,))
-    os.close(write_fd)
+        proc = subprocess.Popen(worker_command(settings, partial, events), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
     interrupted = False
     try:
-        with os.fdopen(read_fd) as events:
-            for line in events:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if event.get("event") == "start":
-                    observer.method_started(method, event["total_steps"])
-                elif event.get("event") == "step":
-                    observer.step_done(method, event["phase"])
-        proc.wait()
+        for event in _follow(events, proc):
+            if event.get("event") == "start":
+                observer.method_started(method, event["total_steps"])
+            elif event.get("event") == "step":
+                observer.step_done(method, event["phase"])
     except KeyboardInterrupt:
-        # The worker shares our terminal's process group and usually got the same Ctrl-C; make sure.
+        # The worker (or torchrun) shares our terminal's process group and usually got the same Ctrl-C; make sure.
         interrupted = True
         proc.send_signal(signal.SIGTERM)
         try:
@@ -94,14 +102,76 @@ def record_one(method: Method, settings: RunSettings, root: Path, observer: Obse
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    events.unlink(missing_ok=True)
 
-    try:
-        record = partial.read_record()
-    except store.ManifestError:  # the worker died before writing it, or while writing it
-        record = _record_for_dead_worker(method, settings, proc.returncode, interrupted, partial)
+    if settings.nproc > 1:
+        record = _record_of_ranks(method, settings, partial, proc.returncode, interrupted)
         partial.write_manifest(record.to_json())
+    else:
+        try:
+            record = partial.read_record()
+        except store.ManifestError:  # the worker died before writing it, or while writing it
+            record = _record_for_dead_worker(method, settings, proc.returncode, interrupted, partial)
+            partial.write_manifest(record.to_json())
     final = store.commit(partial, root, settings.run)
     return Outcome(method.name, record.status, record.reason, final.path, record)
+
+
+def _follow(path: Path, proc: subprocess.Popen):
+    """The JSON events the worker appends to ``path``, as they come, until the process ends. A file rather than
+    a pipe, because torchrun does not pass inherited descriptors on to the ranks it starts."""
+    with open(path) as fh:
+        pending = ""
+        while True:
+            ended = proc.poll() is not None
+            chunk = fh.read()
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+            if ended:
+                return
+            if not chunk:
+                time.sleep(POLL_S)
+
+
+def _record_of_ranks(method: Method, settings: RunSettings, partial: store.RunDir, returncode: int | None,
+                     interrupted: bool) -> RunRecord:
+    """The run's record from each rank's own: every rank must be ok for the run to be."""
+    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
+                        run_settings=settings.to_json())
+    if interrupted:
+        missing = "stopped before it could write its manifest"
+    else:
+        missing = f"it ended without writing its manifest (killed, or the launcher could not start it); see {store.LOG}"
+        code = _exit_code_of(partial.log)
+        if code:
+            missing = f"{missing}; torchrun reports: {code}"
+    combine(record, settings.nproc, partial.read_rank_records(settings.nproc), missing)
+    if interrupted and record.status != "interrupted" and record.status not in ("oom", "failed"):
+        record.status = "interrupted"
+    if record.status == "ok" and returncode:
+        record.status, record.reason = "failed", f"every rank finished, but torchrun exited with {returncode}; see {store.LOG}"
+    record.finished_at = now()
+    record.files = sorted(p.name for p in partial.path.iterdir() if not p.name.startswith("."))
+    return record
+
+
+def _exit_code_of(log: Path) -> str | None:
+    """torchrun's own line about the first failed rank ("exitcode: -9 ... local_rank: 1"), if it wrote one."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)", text)
+    if not found:
+        return None
+    code, rank = found[0]
+    name = f" ({signal.Signals(-int(code)).name})" if int(code) < 0 and -int(code) in signal.valid_signals() else ""
+    return f"rank {rank} exited with code {code}{name}"
 
 
 def _record_for_dead_worker(method: Method, settings: RunSettings, returncode: int, interrupted: bool,

@@ -24,6 +24,7 @@ class RunSettings:
     memory_steps: int = 1  # active steps of the memory-profiling cycle
     seed: int = 0
     engine: str = "loop"  # loop: profkit's own training loop; trainer: transformers.Trainer with profkit's callback
+    nproc: int = 1  # ranks, each its own process under torchrun; ZeRO partitions across them
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""
@@ -33,9 +34,10 @@ class RunSettings:
 
     @property
     def run(self) -> str:
-        """The run's directory name: the method, and the engine when it is not profkit's own loop, so that both
-        engines' runs of one method sit side by side."""
-        return self.method if self.engine == "loop" else f"{self.method}-{self.engine}"
+        """The run's directory name: the method, then the engine when it is not profkit's own loop and the rank
+        count when it is more than one, so that such runs of one method sit side by side."""
+        return (self.method + ("" if self.engine == "loop" else f"-{self.engine}")
+                + ("" if self.nproc == 1 else f"-nproc{self.nproc}"))
 
     def to_json(self) -> dict:
         return asdict(self)

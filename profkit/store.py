@@ -10,6 +10,8 @@ Layout (one TensorBoard run per method; the two profiling cycles are its two wor
     traces/<run>/oom_snapshot.pickle          CUDA allocator state at an out-of-memory error
     traces/<run>/record.log                   the run's own output (profkit record)
     traces/<run>/profiler.log                 what the profiler's native code printed
+    traces/<run>/rank<k>/...                  a run of several ranks: each rank's own run directory (the
+                                              files above); the run's manifest describes every rank
 
 A run is recorded into ``traces/.<run>.partial-<pid>/`` and renamed into place by ``commit``; a
 directory without a manifest, or under a partial name, is never a complete run.
@@ -36,6 +38,7 @@ OOM_SNAPSHOT = "oom_snapshot.pickle"
 LOG = "record.log"
 PROFILER_LOG = "profiler.log"
 PARTIAL_MARK = ".partial-"
+RANK_PREFIX = "rank"
 ATTEMPTS_DIR = ".attempts"
 DEFAULT_ROOT = Path("traces")
 
@@ -76,6 +79,19 @@ class RunDir:
     @property
     def profiler_log(self) -> Path:
         return self.path / PROFILER_LOG
+
+    def rank(self, k: int) -> "RunDir":
+        return RunDir(self.path / f"{RANK_PREFIX}{k}")
+
+    def read_rank_records(self, world_size: int) -> dict[int, RunRecord | None]:
+        """Each rank's own record; None for a rank whose manifest is missing or unreadable."""
+        out: dict[int, RunRecord | None] = {}
+        for k in range(world_size):
+            try:
+                out[k] = self.rank(k).read_record()
+            except ManifestError:
+                out[k] = None
+        return out
 
     def read_record(self) -> RunRecord:
         """The run's typed manifest; raises ``ManifestError`` naming the file if it cannot be read."""

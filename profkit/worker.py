@@ -22,16 +22,17 @@ from profkit.store import RunDir
 
 
 def predict(method, settings: RunSettings, device: str) -> dict:
-    """The estimator's prediction for this run, or the reason there is none (it never fails the run)."""
+    """The estimator's prediction for this run (one rank's share), or the reason there is none (it never fails
+    the run)."""
     from profkit.estimate import estimate_run
 
     try:
-        return estimate_run(method, settings, device).to_json()
+        return estimate_run(method, settings, device, settings.nproc).to_json()
     except Exception as exc:  # an estimate is advisory: a model it cannot handle still gets recorded
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def run(settings: RunSettings, run_dir: RunDir, events) -> str:
+def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None) -> str:
     def emit(**event) -> None:
         events.write(json.dumps(event) + "\n")
         events.flush()
@@ -39,7 +40,7 @@ def run(settings: RunSettings, run_dir: RunDir, events) -> str:
     method = get_method(settings.method)
     settings = settings.resolved()
     record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
-                        run_settings=settings.to_json())
+                        run_settings=settings.to_json(), world_size=settings.nproc, rank=rank)
     emit(event="start", total_steps=settings.total_steps)
     sessions: list = []
     try:
@@ -97,13 +98,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--run-dir", required=True, type=Path)
     parser.add_argument("--settings", required=True, help="RunSettings as JSON")
-    parser.add_argument("--events-fd", type=int, default=None, help="file descriptor for progress events")
+    parser.add_argument("--events", type=Path, default=None, help="file that receives progress events (JSON lines)")
     args = parser.parse_args(argv)
-    # SIGTERM (a scheduler's or the parent's stop) is handled like Ctrl-C: recorded as interrupted.
+    # SIGTERM (a scheduler's, the parent's or torchrun's stop) is handled like Ctrl-C: recorded as interrupted.
     signal.signal(signal.SIGTERM, _interrupt)
-    events = os.fdopen(args.events_fd, "w") if args.events_fd is not None else open(os.devnull, "w")
-    status = run(RunSettings.from_json(json.loads(args.settings)), RunDir(args.run_dir), events)
+    settings = RunSettings.from_json(json.loads(args.settings))
+    run_dir, rank = RunDir(args.run_dir), None
+    if settings.nproc > 1:  # one of torchrun's ranks: its own directory and log inside the run
+        rank = int(os.environ["RANK"])
+        run_dir = run_dir.rank(rank)
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+        _redirect_output(run_dir.log)
+    events = open(args.events, "a") if args.events is not None and not rank else open(os.devnull, "w")
+    with events:
+        status = run(settings, run_dir, events, rank)
     return for_status(status)
+
+
+def _redirect_output(path: Path) -> None:
+    """This process's stdout and stderr (native code included) into ``path``: the ranks' output would interleave."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 if __name__ == "__main__":

@@ -269,13 +269,16 @@ def token_blocks(tokenizer, settings: RunSettings) -> torch.Tensor:
     return torch.tensor(ids[: n_blocks * block]).view(n_blocks, block)
 
 
-def training_batches(tokenizer, settings: RunSettings, device: str) -> Iterator[dict[str, torch.Tensor]]:
-    """Endless batches of token blocks, on ``device`` (profkit's own loop)."""
+def training_batches(tokenizer, settings: RunSettings, device: str, rank: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """Endless batches of token blocks, on ``device`` (profkit's own loop); with several ranks, each rank takes
+    every ``nproc``-th batch, as a distributed sampler would."""
     blocks = token_blocks(tokenizer, settings)
     n_blocks = len(blocks)
     # Independent tensors: a view would keep the whole corpus' storage alive in the memory timeline.
-    batches = [blocks[i:i + settings.batch_size].clone().to(device)
-               for i in range(0, n_blocks - settings.batch_size + 1, settings.batch_size)]
+    starts = list(range(0, n_blocks - settings.batch_size + 1, settings.batch_size))[rank::settings.nproc]
+    if not starts:
+        raise ValueError(f"too little text for {settings.nproc} ranks of batch {settings.batch_size} x {settings.seq_len}")
+    batches = [blocks[i:i + settings.batch_size].clone().to(device) for i in starts]
     while True:
         for batch in batches:
             yield {"input_ids": batch, "labels": batch}
@@ -327,7 +330,9 @@ def _autocast(device: str):
     return torch.autocast("cuda", dtype=half_dtype(device)) if device == "cuda" else nullcontext()
 
 
-def _init_single_process_group(device: str) -> None:
+def _init_process_group(device: str) -> None:
+    """The process group DeepSpeed needs: torchrun's ranks when it launched us (its environment wins), else a
+    group of one on a free local port."""
     import deepspeed
     import torch.distributed as dist
 
@@ -387,13 +392,13 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
 
     if settings.engine == "trainer":
         return _trainer_workload(method, settings, device, tokenizer, model)
-    batches = training_batches(tokenizer, settings, device)
+    batches = training_batches(tokenizer, settings, device, int(os.environ.get("RANK", 0)) if settings.nproc > 1 else 0)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=method.learning_rate)
     engine = None
     if method.zero_stage:
         import deepspeed
-        _init_single_process_group(device)
+        _init_process_group(device)
         ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
                      "zero_optimization": {"stage": method.zero_stage}, "zero_allow_untested_optimizer": True,
                      "steps_per_print": 10**9}
@@ -441,7 +446,7 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
     dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
     half = half_dtype(device)
     if method.zero_stage:
-        _init_single_process_group(device)
+        _init_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
     args = TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,

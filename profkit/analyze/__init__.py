@@ -24,11 +24,12 @@ from profkit.analyze.trace import TraceError, load_trace
 TRACE_SUFFIXES = (".json", ".json.gz")
 MEMORY_COLUMNS = ["run", "method", "category", "phase", "bytes"]
 TIME_COLUMNS = ["run", "method", "resource", "category", "phase", "seconds", "overlapped_seconds"]
+TIME_BY_NAME_COLUMNS = ["run", "method", "resource", "category", "name", "seconds", "overlapped_seconds"]
 # Every run row has these columns, whatever it is (a failed run, a foreign trace): absent values are NaN/None.
 RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine", "settings", "status", "reason",
                "device", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s", "gpu_step_time_s",
                "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
-               "rank", "world_size", "first_step_start_us"]
+               "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s"]
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,27 @@ def discover(paths: list[Path]) -> tuple[list[Source], list[Problem]]:
             else:
                 problems.append(Problem(path, "not a trace (.json or .json.gz) or a run directory"))
         elif store.is_run_dir(path):
-            sources.append(Source(path.name, path, True))
+            sources += _run_sources(path)
         else:
             found = _discover_dir(path, problems)
             if not found:
                 problems.append(Problem(path, "no profkit runs or Kineto traces found in this directory"))
             sources += found
     return _unique_names(sources), problems
+
+
+def _run_sources(path: Path) -> list[Source]:
+    """A run directory: itself, or for a complete run of several ranks each rank's directory, analysed as a run
+    of its own named ``<run>/rank<k>`` (the cross-rank view groups them again). A multi-rank run that did not
+    complete is one row, with the status and the rank that caused it."""
+    try:
+        record = store.RunDir(path).read_record()
+    except ManifestError:
+        return [Source(path.name, path, True)]  # reported as unreadable by the analysis
+    if record.world_size <= 1 or not record.complete:
+        return [Source(path.name, path, True)]
+    return [Source(f"{path.name}/{rank.path.name}", rank.path, True)
+            for rank in (store.RunDir(path).rank(k) for k in range(record.world_size))]
 
 
 def _unique_names(sources: list[Source]) -> list[Source]:
@@ -123,7 +138,7 @@ def _discover_dir(path: Path, problems: list[Problem], depth: int = 0) -> list[S
             continue  # partial recordings and earlier attempts are never analysed as runs
         if child.is_dir():
             if store.is_run_dir(child):
-                found.append(Source(child.name, child, True))
+                found += _run_sources(child)
             elif depth < 1:
                 found += _discover_dir(child, problems, depth + 1)  # TensorBoard logdir/run/worker.pt.trace.json
         elif child.name.endswith(".raw.json.gz"):
@@ -176,7 +191,7 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         c.notes[src.run] = notes
     return Breakdown(
         runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
-        time_by_name=c.frame("time_by_name"), measured=c.frame("measured"),
+        time_by_name=c.frame("time_by_name", TIME_BY_NAME_COLUMNS), measured=c.frame("measured"),
         predicted=c.frame("predicted", ["run", "method", *PREDICTED_COLUMNS]),
         problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records,
         trace_memory=c.frame("trace_memory", ["run", "method", *LIVE_COLUMNS]),
@@ -221,8 +236,12 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         c.add("time", t.rows, src.run, method)
         c.add("time_by_name", t.by_name, src.run, method)
         row.update(profiled_step_time_s=t.step_time_s, gpu_step_time_s=t.gpu_window_s, profiled_steps=t.n_steps,
-                   coverage_cpu=t.coverage("cpu"), coverage_gpu=t.coverage("gpu") if t.gpu_window_s else None)
+                   coverage_cpu=t.coverage("cpu"), coverage_gpu=t.coverage("gpu") if t.gpu_window_s else None,
+                   communication_exposed_s=t.communication_exposed_s,
+                   communication_overlapped_s=t.communication_overlapped_s)
         info = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
+        if record is not None and record.rank is not None:
+            info = {**info, "rank": record.rank, "world_size": record.world_size}
         if isinstance(info.get("rank"), int) and isinstance(info.get("world_size"), int):
             # Kineto timestamps are µs since the epoch, or since baseTimeNanoseconds in newer traces.
             row.update(rank=info["rank"], world_size=info["world_size"],

@@ -17,6 +17,10 @@ from profkit.analyze import Breakdown
 
 ACROSS_COLUMNS = ["group", "category", "min_s", "median_s", "max_s", "slowest_rank", "ranks"]
 RANK_COLUMNS = ["group", "run", "rank", "step_s", "start_skew_ms", "communication_s", "communication_overlapped_s"]
+MEMORY_COLUMNS = ["group", "run", "rank", "parameters_bytes", "whole_parameters_bytes", "parameters_fraction",
+                  "gradients_bytes", "optimizer_state_bytes", "measured_peak_bytes"]
+PARAMETER_OWNERS = ("parameters_trainable", "parameters_frozen", "parameters_quantized")
+ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 def groups(bd: Breakdown) -> dict[str, list[str]]:
@@ -56,13 +60,39 @@ def rank_summary(bd: Breakdown) -> pd.DataFrame:
         starts = runs_by_name.loc[runs, "first_step_start_us"].astype(float)
         for run in runs:
             r = runs_by_name.loc[run]
-            gpu = bd.time[(bd.time.run == run) & (bd.time.resource == "gpu") & (bd.time.category == "communication")]
             step = r.gpu_step_time_s if pd.notna(r.gpu_step_time_s) else r.profiled_step_time_s
             rows.append({"group": group, "run": run, "rank": int(r["rank"]), "step_s": float(step),
                          "start_skew_ms": float(starts[run] - starts.min()) / 1e3,
-                         "communication_s": float(gpu.seconds.sum()),
-                         "communication_overlapped_s": float(gpu.overlapped_seconds.sum())})
+                         "communication_s": float(r.communication_exposed_s),
+                         "communication_overlapped_s": float(r.communication_overlapped_s)})
     return pd.DataFrame(rows, columns=RANK_COLUMNS)
+
+
+def rank_memory(bd: Breakdown) -> pd.DataFrame:
+    """Memory per rank: what each rank holds of the parameters, gradients and optimizer state (from its
+    inventory, for runs profkit recorded), the parameters as a fraction of the whole model's, and the measured
+    peak (every run). Under ZeRO-3 the fraction is 1/N for partitioned parameters; parameters below DeepSpeed's
+    persistence threshold stay whole on every rank, so the fraction is above 1/N on small layers."""
+    rows = []
+    runs_by_name = bd.runs.set_index("run")
+    for group, runs in groups(bd).items():
+        for run in runs:
+            r = runs_by_name.loc[run]
+            row = {"group": group, "run": run, "rank": int(r["rank"]),
+                   "measured_peak_bytes": r.measured_peak_bytes if pd.notna(r.measured_peak_bytes) else None}
+            record = bd.records.get(run)
+            if record is not None and record.inventory:
+                inv = record.inventory["rows"]
+                held = sum(x["bytes"] for x in inv if x["owner"] in PARAMETER_OWNERS)
+                # Logical elements times element size; 4-bit weights count their packed half byte per element.
+                whole = sum(x["numel"] * (0.5 if x["detail"] == "nf4 weight" else ITEMSIZE.get(x["dtype"], 0))
+                            for x in inv if x["owner"] in PARAMETER_OWNERS)
+                row.update(parameters_bytes=held, whole_parameters_bytes=int(whole),
+                           parameters_fraction=held / whole if whole else None,
+                           gradients_bytes=sum(x["bytes"] for x in inv if x["owner"] == "gradients"),
+                           optimizer_state_bytes=sum(x["bytes"] for x in inv if x["owner"] == "optimizer_state"))
+            rows.append(row)
+    return pd.DataFrame(rows, columns=MEMORY_COLUMNS)
 
 
 def sentences(bd: Breakdown) -> list[str]:
@@ -85,4 +115,17 @@ def sentences(bd: Breakdown) -> list[str]:
             out.append(f"{group}: rank {int(s.loc[waits, 'rank'])} spends the most in communication "
                        f"({human_seconds(s.loc[waits, 'communication_s'])} per step) and started among the earliest: "
                        "collectives wait for the ranks that arrive last.")
+        mem = rank_memory(bd)
+        mem = mem[(mem.group == group) & mem.parameters_fraction.notna()]
+        if len(mem):
+            n = len(runs)
+            low, high = mem.parameters_fraction.min(), mem.parameters_fraction.max()
+            share = f"{low:.1%}" if high - low < 5e-4 else f"{low:.1%} to {high:.1%}"
+            record = bd.records.get(runs[0])
+            stage = (record.model.get("found") or {}).get("zero_stage") if record else None
+            why = (f"; ZeRO-3 splits each parameter {n} ways (1/{n} = {1 / n:.1%}) except those below DeepSpeed's "
+                   "persistence threshold, which every rank keeps whole" if stage == 3 else
+                   f"; ZeRO-{stage} partitions gradients and optimizer state only, so every rank holds every parameter"
+                   if stage in (1, 2) else "")
+            out.append(f"{group}: each rank holds {share} of the model's parameter bytes{why}.")
     return out

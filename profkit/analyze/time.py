@@ -59,6 +59,9 @@ class TimeResult:
     notes: list[str] = field(default_factory=list)
     ops: HostOps | None = None
     windows: list[tuple[float, float]] = field(default_factory=list)  # profiled steps, µs
+    # Per step: communication that nothing hid (exposed) and the part that ran under compute (overlapped).
+    communication_exposed_s: float = 0.0
+    communication_overlapped_s: float = 0.0
 
     def coverage(self, resource: str = "cpu") -> float:
         mine = (self.rows.resource == resource).to_numpy()
@@ -228,6 +231,11 @@ def analyze_time(trace: Trace) -> TimeResult:
     if trace.has_gpu:
         gpu_part, gpu_window_s = _gpu_rows(trace, host, local, context_cat, phase, in_steps, n_steps)
         parts.append(gpu_part)
+        comm = gpu_part["category"] == "communication"
+        exposed_us, overlapped_us = gpu_part["us"][comm].sum(), gpu_part["overlapped_us"][comm].sum()
+    else:
+        exposed_us, overlapped_us = _host_communication(trace, host, np.asarray(self_cat, dtype=object),
+                                                        on_main, host_in_steps)
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     rows["seconds"] = rows.pop("us") / 1e6 / n_steps
     rows["overlapped_seconds"] = rows.pop("overlapped_us") / 1e6 / n_steps
@@ -237,7 +245,29 @@ def analyze_time(trace: Trace) -> TimeResult:
     by_name.insert(2, "name", labels_of[by_name.pop("name_id").astype(np.int64)])
     ops = HostOps(host, np.asarray(parents, dtype=np.int64), phase, np.array(context_cat, dtype=object))
     return TimeResult(summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), step_s,
-                      gpu_window_s, n_steps, notes, ops, windows)
+                      gpu_window_s, n_steps, notes, ops, windows, float(exposed_us) / n_steps / 1e6,
+                      float(overlapped_us) / n_steps / 1e6)
+
+
+NOT_WORK = ("communication", "host_overhead", "other", "data")
+
+
+def _host_communication(trace: Trace, host: np.ndarray, self_cat: np.ndarray, on_main: np.ndarray,
+                        in_steps: np.ndarray) -> tuple[float, float]:
+    """Communication on a CPU backend (gloo), µs over the profiled steps: the collectives run on the backend's
+    own threads (and block the profiled thread while it waits for them). Exposed is the time a collective runs
+    while the profiled thread runs no operator work -- it is waiting, or only Python runs; overlapped is the
+    rest, the GPU semantics with the profiled thread in place of the compute stream."""
+    comm = np.flatnonzero(in_steps & (self_cat == "communication"))
+    if not len(comm):
+        return 0.0, 0.0
+    work = np.flatnonzero(in_steps & on_main & ~np.isin(self_cat, NOT_WORK))
+    idx = np.concatenate([host[comm], host[work]])
+    start, end = trace.ts[idx], trace.ts[idx] + trace.dur[idx]
+    priority = np.concatenate([np.ones(len(comm), dtype=np.int64), np.zeros(len(work), dtype=np.int64)])
+    exposed = float(exposed_time(start, end, priority)[: len(comm)].sum())
+    union = float(exposed_time(start[: len(comm)], end[: len(comm)], np.zeros(len(comm), dtype=np.int64)).sum())
+    return exposed, union - exposed
 
 
 def _sum_by(columns: dict[str, np.ndarray], keys: list[str], values: list[str]) -> pd.DataFrame:

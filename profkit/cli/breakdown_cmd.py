@@ -21,8 +21,6 @@ EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed 
           "are still shown); 2 bad arguments.")
 CATEGORY_WIDTH = 21
 RUN_COLUMN_WIDTH = 12
-SHORT = {"parameters_trainable": "trainable", "parameters_frozen": "frozen", "parameters_quantized": "4-bit",
-         "optimizer_state": "optimizer", "activations": "activ.", "gradients": "grads"}
 
 
 def breakdown(
@@ -99,16 +97,15 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     _print_trace_memory(out, bd)
 
     errors = tables.predicted_errors(bd)
-    if not errors.empty:
-        t = Table(title="Memory predicted by `profkit estimate`: error against measured", box=box.SIMPLE_HEAD,
-                  padding=(0, 1), collapse_padding=True,
+    for chunk in chunks(list(errors.index), out.width) if not errors.empty else []:
+        t = Table(title="Memory predicted by `profkit estimate`: error against measured",
                   caption="static categories and activations at the forward phase's peak, gradients at the "
                           "optimizer step's; `--format json|markdown` gives the bytes")
-        t.add_column("run", no_wrap=True, min_width=max(len(r) for r in errors.index))
-        for cat in errors.columns:  # short names and fixed widths: the table fits 80 columns
-            t.add_column(SHORT.get(cat, cat), justify="right", no_wrap=True, min_width=6)
-        for run, row in errors.iterrows():
-            t.add_row(run, *[tables.format_error(e) for e in row])
+        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
+        for run in chunk:
+            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
+        for cat in errors.columns:
+            t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
         out.print(t)
 
     tim = tables.time_per_step(bd)
@@ -152,7 +149,7 @@ def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[s
 
 def _print_ranks(out: Console, bd: Breakdown) -> None:
     """Ranks of one job (traces with distributedInfo): each category across ranks, and each rank."""
-    across, per_rank = ranks.across_ranks(bd), ranks.rank_summary(bd)
+    across, per_rank, memory = ranks.across_ranks(bd), ranks.rank_summary(bd), ranks.rank_memory(bd)
     for group, g in across.groupby("group", sort=False):
         t = Table(title=f"{group}: time per step across ranks", box=box.SIMPLE_HEAD, padding=(0, 1))
         for col in ("category", "min", "median", "max", "slowest rank"):
@@ -162,13 +159,28 @@ def _print_ranks(out: Console, bd: Breakdown) -> None:
                       str(r.slowest_rank))
         out.print(t)
         t = Table(title=f"{group}: each rank", box=box.SIMPLE_HEAD, padding=(0, 1),
-                  caption="start skew: how much later than the earliest rank its first profiled step began")
-        for col in ("rank", "run", "step", "start skew", "communication", "overlapped"):
-            t.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+                  caption="start skew: how much later than the earliest rank its first profiled step began; "
+                          "communication exposed: not hidden under compute (on CPU: the profiled thread ran no "
+                          "operator while a collective ran)")
+        for col in ("rank", "step", "start\nskew", "communication\nexposed", "communication\noverlapped", "run"):
+            # The run name last, folded rather than cut where the terminal is narrow.
+            t.add_column(col, justify="left" if col == "run" else "right", no_wrap=col != "run",
+                         overflow="fold")
         for _, r in per_rank[per_rank.group == group].iterrows():
-            t.add_row(str(r["rank"]), r.run, human_seconds(r.step_s), f"{r.start_skew_ms:.2f} ms",
-                      human_seconds(r.communication_s), human_seconds(r.communication_overlapped_s))
+            t.add_row(str(r["rank"]), human_seconds(r.step_s), f"{r.start_skew_ms:.2f} ms",
+                      human_seconds(r.communication_s), human_seconds(r.communication_overlapped_s), r.run)
         out.print(t)
+        mem = memory[memory.group == group]
+        if mem.parameters_bytes.notna().any():
+            t = Table(title=f"{group}: memory on each rank", box=box.SIMPLE_HEAD, padding=(0, 1),
+                      caption="from each rank's inventory; share: parameter bytes held against the whole model's")
+            for col in ("rank", "parameters", "share", "gradients", "optimizer\nstate", "measured\npeak"):
+                t.add_column(col, justify="right", no_wrap=True)
+            for _, r in mem.iterrows():
+                t.add_row(str(r["rank"]), human_bytes(r.parameters_bytes), f"{r.parameters_fraction:.1%}",
+                          human_bytes(r.gradients_bytes), human_bytes(r.optimizer_state_bytes),
+                          human_bytes(r.measured_peak_bytes))
+            out.print(t)
     for sentence in ranks.sentences(bd):
         out.print(escape(sentence), highlight=False)
 

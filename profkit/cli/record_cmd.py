@@ -73,6 +73,8 @@ def record(
     steps: int = typer.Option(5, min=1, help="Timed steps without the profiler (step time, tokens/s)."),
     profiled_steps: int = typer.Option(2, min=1, help="Active steps of the time-profiling cycle."),
     output: Path = typer.Option(DEFAULT_ROOT, "--output", "-o", help="Directory that receives one run per method."),
+    nproc: int = typer.Option(1, min=1, help="Ranks to launch with torchrun (gloo on CPU, NCCL on GPUs); ZeRO "
+                                             "partitions across them. Each rank records into rank<k>/ of the run."),
     engine: str = typer.Option("loop", help="loop: profkit's own training loop; trainer: transformers.Trainer with "
                                             "profkit's callback and a DeepSpeed config with Hugging Face's \"auto\" sizes."),
 ) -> None:
@@ -94,13 +96,19 @@ def record(
         inference = [m.name for m in chosen if m.kind != "train"]
         fail_usage(f"--engine trainer records training methods only; {', '.join(inference)} "
                    + ("is an inference method" if len(inference) == 1 else "are inference methods"))
+    if nproc > 1 and any(not m.zero_stage for m in chosen):
+        single = [m.name for m in chosen if not m.zero_stage]
+        fail_usage(f"--nproc {nproc} needs methods that share work across ranks (the ZeRO methods: "
+                   f"{', '.join(n for n, m in METHODS.items() if m.zero_stage)}); {', '.join(single)} would run "
+                   f"{nproc} independent copies")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
 
     base = RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
                        dataset_path=str(dataset.resolve()) if dataset else None, device=device,
                        batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens,
-                       warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps, engine=engine)
+                       warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps, engine=engine,
+                       nproc=nproc)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:

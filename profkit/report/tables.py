@@ -60,8 +60,7 @@ def idle_sentences(bd: Breakdown) -> list[str]:
     """GPU runs: why the GPU was idle, per profiled step."""
     from profkit.report.units import human_seconds
 
-    idle = bd.time_by_name[(bd.time_by_name.get("resource") == "gpu") & (bd.time_by_name.get("category") == "idle")] \
-        if not bd.time_by_name.empty else bd.time_by_name
+    idle = bd.time_by_name[(bd.time_by_name.resource == "gpu") & (bd.time_by_name.category == "idle")]
     out = []
     for run, g in idle.groupby("run", sort=False):
         g = g[g.seconds > 0].sort_values("seconds", ascending=False)
@@ -90,6 +89,10 @@ def default_baseline(bd: Breakdown) -> str | None:
 
 def deltas(bd: Breakdown, baseline: str) -> pd.DataFrame:
     """Long table: run, baseline, kind (memory/time), category, delta (bytes or seconds per step)."""
+    from profkit.analyze.ranks import groups
+
+    # Ranks of one job are compared with each other in the cross-rank view, not as runs against a baseline.
+    same_job = next((set(runs) for runs in groups(bd).values() if baseline in runs), {baseline})
     rows = []
     mem, tim = memory_at(bd), time_per_step(bd)
     for kind, table in (("memory", mem), ("time", tim)):
@@ -97,7 +100,7 @@ def deltas(bd: Breakdown, baseline: str) -> pd.DataFrame:
             continue
         ref = table.loc[baseline].fillna(0)
         for run in table.index:
-            if run == baseline:
+            if run in same_job:
                 continue
             diff = table.loc[run].fillna(0) - ref
             rows += [{"run": run, "baseline": baseline, "kind": kind, "category": c, "delta": float(d)}
