@@ -97,26 +97,30 @@ class RunRecord:
 
 
 def combine(run: RunRecord, world_size: int, rank_records: dict[int, RunRecord | None],
-            missing_reason: str = "it ended without writing its manifest") -> RunRecord:
+            missing_reason: str = "it ended without writing its manifest", cause: int | None = None) -> RunRecord:
     """The record of a run of ``world_size`` ranks from each rank's own (None: that rank wrote none). The run is
-    ``ok`` only if every rank is; otherwise it takes the status of the first rank that failed, ran out of memory
-    or was killed, and names it, so no partial multi-rank run can look complete. Interrupted ranks (stopped by
-    the launcher because another rank failed) rank after the one that caused it."""
+    ``ok`` only if every rank is, so no partial multi-rank run can look complete. Otherwise it names one rank and
+    takes its status: ``cause`` (the launcher's first observed failure) if given, else a rank that died without a
+    record, then one that ran out of memory, failed, ... -- the others usually failed because it did (a
+    collective's peer vanished) or were stopped by the launcher."""
     run.world_size = world_size
     run.ranks = []
     for k in range(world_size):
         rec = rank_records.get(k)
         status, reason = (rec.status, rec.reason) if rec is not None else ("failed", missing_reason)
         run.ranks.append({"rank": k, "status": status, "reason": reason})
-    severity = {"oom": 0, "failed": 1, "unsupported": 2, "interrupted": 3, "incomplete": 4, "ok": 5}
-    worst = min(run.ranks, key=lambda r: (severity[r["status"]], r["rank"]))
+    severity = {"oom": 1, "failed": 2, "unsupported": 3, "interrupted": 4, "incomplete": 5, "ok": 6}
+    worst = min(run.ranks, key=lambda r: (r["rank"] != cause or r["status"] == "ok",
+                                          0 if rank_records.get(r["rank"]) is None else severity[r["status"]],
+                                          r["rank"]))
     if worst["status"] == "ok":
         run.status, run.reason = "ok", None
     else:
         others = [r["rank"] for r in run.ranks if r["status"] != "ok" and r is not worst]
         run.status = worst["status"]
         run.reason = (f"rank {worst['rank']} of {world_size}: {worst['reason'] or worst['status']}"
-                      + (f" (ranks {', '.join(map(str, others))} also did not finish)" if others else ""))
+                      + (f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} also did not "
+                         "finish)" if others else ""))
     first = rank_records.get(0)
     if first is not None:  # rank 0 speaks for what is the same on every rank
         for name in ("device", "model", "estimate", "timings", "engine_config"):

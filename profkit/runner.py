@@ -143,14 +143,15 @@ def _record_of_ranks(method: Method, settings: RunSettings, partial: store.RunDi
     """The run's record from each rank's own: every rank must be ok for the run to be."""
     record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
                         run_settings=settings.to_json())
+    cause = None if interrupted else _root_cause(partial.log)
     if interrupted:
         missing = "stopped before it could write its manifest"
     else:
         missing = f"it ended without writing its manifest (killed, or the launcher could not start it); see {store.LOG}"
-        code = _exit_code_of(partial.log)
-        if code:
-            missing = f"{missing}; torchrun reports: {code}"
-    combine(record, settings.nproc, partial.read_rank_records(settings.nproc), missing)
+        if cause:
+            missing = f"{missing}; torchrun: {cause[1]}"
+    combine(record, settings.nproc, partial.read_rank_records(settings.nproc), missing,
+            cause=cause[0] if cause else None)
     if interrupted and record.status != "interrupted" and record.status not in ("oom", "failed"):
         record.status = "interrupted"
     if record.status == "ok" and returncode:
@@ -160,18 +161,20 @@ def _record_of_ranks(method: Method, settings: RunSettings, partial: store.RunDi
     return record
 
 
-def _exit_code_of(log: Path) -> str | None:
-    """torchrun's own line about the first failed rank ("exitcode: -9 ... local_rank: 1"), if it wrote one."""
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def _root_cause(log: Path) -> tuple[int, str] | None:
+    """The rank torchrun names as the root cause of a failed job ("first observed failure") and its exit code."""
     try:
-        text = log.read_text(errors="replace")
+        found = ROOT_CAUSE.search(log.read_text(errors="replace"))
     except OSError:
         return None
-    found = re.findall(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)", text)
     if not found:
         return None
-    code, rank = found[0]
-    name = f" ({signal.Signals(-int(code)).name})" if int(code) < 0 and -int(code) in signal.valid_signals() else ""
-    return f"rank {rank} exited with code {code}{name}"
+    rank, code = int(found[1]), int(found[2])
+    name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
+    return rank, f"exited with code {code}{name}"
 
 
 def _record_for_dead_worker(method: Method, settings: RunSettings, returncode: int, interrupted: bool,

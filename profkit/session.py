@@ -117,6 +117,7 @@ class Session:
         self._t0 = time.perf_counter()
         self._always: list = []
         self._finalizer = None
+        self._world: tuple[int, int] | None = None  # (rank, world size) under torch.distributed, from start()
 
     # ------------------------------------------------------------------ public
 
@@ -151,7 +152,15 @@ class Session:
                                "torch.profiler runs one profiler per process: close that session first")
         _OPEN = weakref.ref(self)
         self._started = True
-        if self._commit:
+        self._world = _world()
+        if self._world is not None:
+            self.record.rank, self.record.world_size = self._world
+        if self._commit and self._world is not None:
+            # Every rank of the user's job records its share into one run: rank 0 names the partial directory.
+            self.run_dir = store.RunDir(_agree_on(store.new_partial(self.root, self.target.name).path
+                                                  if self._world[0] == 0 else None)).rank(self._world[0])
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+        elif self._commit:
             self.run_dir = store.new_partial(self.root, self.target.name)
         else:  # the caller made ``path`` as a partial directory and commits it (profkit record's worker)
             self.target.mkdir(parents=True, exist_ok=True)
@@ -238,7 +247,14 @@ class Session:
                 with self._native_output():  # the estimator imports peft and bitsandbytes, which chatter
                     rec.estimate = self._estimate()
             self._write_record()
-        if self._commit:
+        if self._commit and self._world is not None:
+            # The last rank to finish assembles the run's record and commits it; a rank that never finishes
+            # leaves the run under its partial name, never looking complete.
+            run = store.RunDir(self.run_dir.path.parent)
+            template = RunRecord.from_json({**rec.to_json(), "rank": None, "inventory": None, "files": []})
+            committed = store.finish_rank(run, self._world[0], self._world[1], template, self.root, self.target.name)
+            self.path = committed.path if committed else self.run_dir.path
+        elif self._commit:
             self.path = store.commit(self.run_dir, self.root, self.target.name).path
         return self.path
 
@@ -341,7 +357,8 @@ class Session:
             method = Method(**{**fields, "name": found.get("method", "custom"), "kind": "train",
                                "description": "found on the live objects"})
             batch, seq = self._input_shape
-            return estimate(method, config, batch, seq, 1, "cuda" if self.cuda else "cpu", type(config).__name__,
+            world = self._world[1] if self._world is not None and method.zero_stage else 1
+            return estimate(method, config, batch, seq, world, "cuda" if self.cuda else "cpu", type(config).__name__,
                             "trainer" if self.record.engine == "trainer" else "loop").to_json()
         except Exception as exc:  # never fails a run
             return {"error": f"no estimate: {type(exc).__name__}: {exc}"}
@@ -594,6 +611,24 @@ def _device_of(model: torch.nn.Module) -> str:
     for p in model.parameters():
         return p.device.type
     return "cpu"
+
+
+def _world() -> tuple[int, int] | None:
+    """(rank, world size) under torch.distributed with more than one rank, else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _agree_on(path: Path | None) -> Path:
+    """Rank 0's ``path``, on every rank (a collective: every rank starts its session at its first step)."""
+    import torch.distributed as dist
+
+    box = [str(path) if path is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
 
 
 def device_info(device: str) -> dict:

@@ -151,6 +151,26 @@ def commit(partial: RunDir, root: Path, run: str) -> RunDir:
         return RunDir(target)
 
 
+def finish_rank(run: RunDir, rank: int, world_size: int, template: RunRecord, root: Path, name: str) -> RunDir | None:
+    """A rank of a multi-rank run has written its own record into ``run/rank<k>/``. The last rank to get here
+    (by marker files, so it needs a file system every rank shares) writes the run's record, combined from every
+    rank's (``manifest.combine``), and commits the run; the others return None."""
+    (run.path / f".done-{RANK_PREFIX}{rank}").touch()
+    if len(list(run.path.glob(f".done-{RANK_PREFIX}*"))) < world_size:
+        return None
+    try:
+        os.close(os.open(run.path / ".assembling", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return None  # another rank finished at the same moment and assembles it
+    record = manifest.combine(template, world_size, run.read_rank_records(world_size))
+    record.files = sorted(p.name for p in run.path.iterdir() if not p.name.startswith("."))
+    run.write_manifest(record.to_json())
+    for marker in run.path.glob(".done-*"):
+        marker.unlink(missing_ok=True)
+    (run.path / ".assembling").unlink(missing_ok=True)
+    return commit(run, root, name)
+
+
 class NotARunError(OSError):
     def __init__(self, path: Path):
         super().__init__(f"{path} exists and is not a profkit run directory (no {MANIFEST}); choose another path "

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from profkit import store
 from profkit.manifest import RunRecord
 
@@ -44,3 +46,28 @@ def test_a_users_directory_is_never_replaced(tmp_path):
     else:
         raise AssertionError("a directory that is not a run was replaced")
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def _rank(status, reason=None):
+    from profkit.manifest import RunRecord
+    return RunRecord(run="r", method="lora_zero2", kind="train", settings={}, status=status, reason=reason)
+
+
+@pytest.mark.parametrize("ranks, cause, status, named", [
+    ({0: "ok", 1: "ok"}, None, "ok", None),
+    ({0: "failed", 1: None}, None, "failed", 1),  # the rank that died without a record caused the other's error
+    ({0: "failed", 1: "oom"}, None, "oom", 1),
+    ({0: "interrupted", 1: "failed"}, None, "failed", 1),
+    ({0: "failed", 1: "failed"}, 1, "failed", 1),  # the launcher's first observed failure wins
+    ({0: "ok", 1: "incomplete"}, None, "incomplete", 1),
+])
+def test_a_run_of_ranks_is_ok_only_if_every_rank_is_and_names_the_cause(ranks, cause, status, named):
+    from profkit.manifest import combine
+    records = {k: (_rank(s, f"reason {k}") if s else None) for k, s in ranks.items()}
+    run = combine(_rank("interrupted"), len(ranks), records, "no manifest", cause=cause)
+    assert run.status == status and run.world_size == len(ranks)
+    assert [r["status"] for r in run.ranks] == [s or "failed" for s in ranks.values()]
+    if named is None:
+        assert run.reason is None and run.complete
+    else:
+        assert run.reason.startswith(f"rank {named} of {len(ranks)}:") and not run.complete
