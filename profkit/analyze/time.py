@@ -319,7 +319,12 @@ def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: li
         empty = {k: np.zeros(0, dtype=object) for k in ("resource", "category", "phase")}
         return {**empty, "name_id": np.zeros(0, dtype=np.int64), "us": np.zeros(0), "overlapped_us": np.zeros(0)}, 0.0
     start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
-    exposed = exposed_time(start, end, np.array([PRIORITY.get(c, 0) for c in cats]))
+    # Priority by what the event occupies: a kernel that copies (context memcpy_memset) still runs on the SMs
+    # and hides communication as any compute kernel does; only the copy engines' memcpy/memset rank last.
+    engine_copy = trace.cat_id[gpu] != kernel_code
+    priority = np.where(engine_copy, PRIORITY["memcpy_memset"],
+                        np.where(cats == "communication", PRIORITY["communication"], 0))
+    exposed = exposed_time(start, end, priority)
     window = float(end.max() - start.min())
     sync = np.flatnonzero(trace.mask(*HOST_CATS, "cuda_sync") & np.isin(trace.name_id, trace.name_ids(SYNC.search)))
     reasons = idle_reasons(start, end, launched[mask], trace.ts[sync], trace.ts[sync] + trace.dur[sync], in_steps)
@@ -372,8 +377,8 @@ def idle_reasons(start: np.ndarray, end: np.ndarray, launched: np.ndarray, sync_
     return out
 
 
-# Which work holds the GPU when several kernels run at once: compute first (what the step waits for), then
-# communication, then copies. Lower is higher priority.
+# Which work holds the GPU when several kernels run at once: compute kernels first (what the step waits for),
+# then communication kernels, then the copy engines' memcpy/memset. Lower is higher priority.
 PRIORITY = {"communication": 1, "memcpy_memset": 2}
 
 

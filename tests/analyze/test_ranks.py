@@ -81,3 +81,23 @@ def test_the_report_names_the_slowest_rank(dlrm, tmp_path):
 
     rep = write_report([DLRM], tmp_path / "ranks")
     assert "the slowest rank is" in rep.markdown_path.read_text()
+
+
+@pytest.mark.parametrize("names", [None, ("a100_distributed_rank0.json.gz", "a100_distributed_rank1.json.gz")])
+def test_communication_overlap_per_rank_equals_hta(names, tmp_path):
+    """HTA's comm/compute overlap (communication kernel time under compute kernels, over all communication time)
+    from profkit's exposed and overlapped communication, rank by rank."""
+    from hta.trace_analysis import TraceAnalysis
+
+    folder = DLRM
+    if names:
+        folder = tmp_path
+        for name in names:
+            shutil.copy(GPU_TRACES / name, tmp_path / name)
+    hta = TraceAnalysis(trace_dir=str(folder), include_last_profiler_step=True).get_comm_comp_overlap(
+        visualize=False).set_index("rank")
+    summary = ranks.rank_summary(breakdown([folder]))
+    assert len(summary) == len(hta)
+    for _, r in summary.iterrows():
+        ours = 100 * r.communication_overlapped_s / (r.communication_s + r.communication_overlapped_s)
+        assert ours == pytest.approx(hta.loc[r["rank"], "comp_comm_overlap_pctg"], abs=0.005 + 1e-9)
