@@ -171,6 +171,12 @@ class _Collected:
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
 
+    def merge(self, other: "_Collected") -> None:
+        for kind, frames in other.frames.items():
+            self.frames[kind] += frames
+        self.windows.update(other.windows)
+        self.records.update(other.records)
+
     def add(self, kind: str, frame: pd.DataFrame, run: str, method: str) -> None:
         self.frames[kind].append(frame.assign(run=run, method=method))
 
@@ -182,12 +188,21 @@ class _Collected:
         return out[columns] if columns else out
 
 
-def breakdown(paths: list[Path | str]) -> Breakdown:
+# Many inputs (the ranks of a large job) are analysed in worker processes, one input at a time each, with as
+# many workers as the memory of the largest input allows; a few small inputs are faster in this process.
+PARALLEL_MIN_BYTES = 64 << 20  # uncompressed trace bytes, all inputs together
+PEAK_PER_TRACE_BYTE = 2.5  # analysis peak over the uncompressed trace (measured: reports/benchmarks/)
+MEMORY_SHARE = 0.5  # of the memory available when the analysis starts
+
+
+def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
+    """``jobs``: worker processes (None: by CPU count and available memory; 1: none)."""
     sources, problems = discover([Path(p) for p in paths])
     c = _Collected()
-    for src in sources:
-        notes: list[str] = []
-        c.runs.append(_analyse(src, problems, c, notes))
+    for src, (row, part, found, notes) in zip(sources, _analyse_all(sources, jobs)):
+        c.runs.append(row)
+        c.merge(part)
+        problems += found
         c.notes[src.run] = notes
     return Breakdown(
         runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
@@ -198,6 +213,64 @@ def breakdown(paths: list[Path | str]) -> Breakdown:
         trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
         memory_over_time=c.frame("memory_over_time"),
     )
+
+
+def _analyse_one(src: Source) -> tuple[dict, "_Collected", list[Problem], list[str]]:
+    part, found, notes = _Collected(), [], []
+    row = _analyse(src, found, part, notes)
+    return row, part, found, notes
+
+
+def _analyse_all(sources: list[Source], jobs: int | None):
+    sizes = [_trace_bytes(src) for src in sources]
+    workers = jobs if jobs is not None else _auto_workers(sizes)
+    workers = max(1, min(workers, len(sources)))
+    if workers == 1:
+        return [_analyse_one(src) for src in sources]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # forkserver: workers start from a clean process, not a fork of one that may hold threads (torch, a GUI).
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["profkit.analyze"])
+    # Largest first, so that a big input does not start last; results come back in input order.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        order = sorted(range(len(sources)), key=lambda i: -sizes[i])
+        futures = {i: pool.submit(_analyse_one, sources[i]) for i in order}
+        return [futures[i].result() for i in range(len(sources))]
+
+
+def _auto_workers(sizes: list[int]) -> int:
+    import os
+
+    if len(sizes) < 2 or sum(sizes) < PARALLEL_MIN_BYTES:
+        return 1
+    try:
+        import psutil
+        available = psutil.virtual_memory().available
+    except Exception:
+        return 1
+    per_worker = max(max(sizes) * PEAK_PER_TRACE_BYTE, 1)
+    return max(1, min(os.cpu_count() or 1, int(available * MEMORY_SHARE // per_worker)))
+
+
+def _trace_bytes(src: Source) -> int:
+    """The uncompressed size of what ``src`` will parse (a gzip file's trailer holds it, modulo 4 GiB)."""
+    paths = [src.path] if not src.recorded else [store.RunDir(src.path).time_trace, store.RunDir(src.path).memory_trace]
+    total = 0
+    for path in paths:
+        try:
+            size = path.stat().st_size
+            if path.name.endswith(".gz") and size >= 4:
+                with open(path, "rb") as fh:
+                    fh.seek(-4, 2)
+                    size = max(size, int.from_bytes(fh.read(4), "little"))
+            total += size
+        except OSError:
+            continue
+    return total
 
 
 def _runs_frame(rows: list[dict]) -> pd.DataFrame:

@@ -29,11 +29,13 @@ def breakdown(
     baseline: Optional[str] = typer.Option(None, help="Run to compare against (default: full if present, else the first)."),
     phase: str = typer.Option("peak", help="Memory at the peak of: peak (the run), forward, backward, optimizer."),
     explain: Optional[str] = typer.Option(None, help="List the top op/kernel names in a time category (e.g. other)."),
+    jobs: Optional[int] = typer.Option(None, min=1, help="Worker processes for many inputs (default: by CPU count "
+                                                         "and available memory)."),
 ) -> None:
     """Decompose memory by owner and time by operator category, side by side across runs."""
     if explain is not None and explain not in TIME_CATEGORIES:
         fail_usage(f"unknown time category {explain!r}; valid: {', '.join(TIME_CATEGORIES)}")
-    bd = analyse(paths)
+    bd = analyse(paths, jobs)
     if baseline is not None and baseline not in set(bd.runs.get("run", [])):
         fail_usage(f"--baseline {baseline!r} is not among the runs: {', '.join(bd.runs.get('run', []))}")
     out = Console()

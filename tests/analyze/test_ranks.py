@@ -101,3 +101,12 @@ def test_communication_overlap_per_rank_equals_hta(names, tmp_path):
     for _, r in summary.iterrows():
         ours = 100 * r.communication_overlapped_s / (r.communication_s + r.communication_overlapped_s)
         assert ours == pytest.approx(hta.loc[r["rank"], "comp_comm_overlap_pctg"], abs=0.005 + 1e-9)
+
+
+def test_ranks_analysed_in_worker_processes_give_the_same_tables(dlrm):
+    import pandas as pd
+
+    parallel = breakdown([DLRM], jobs=2)
+    for name in ("runs", "time", "time_by_name"):
+        pd.testing.assert_frame_equal(getattr(parallel, name), getattr(dlrm, name))
+    pd.testing.assert_frame_equal(ranks.rank_summary(parallel), ranks.rank_summary(dlrm))
