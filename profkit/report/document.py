@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import markdown
+import pandas as pd
 
 from profkit.analyze import Breakdown, breakdown
 from profkit.report import findings, plots, tables
@@ -22,6 +23,7 @@ PLOTS = {
     "peak_memory_vs_step_time.png": ("Peak memory against step time, with the Pareto front", plots.pareto),
     "trace_memory_over_time.png": ("Memory over time in traces profkit did not record ([memory] events)",
                                    plots.trace_memory_over_time),
+    "ranks.png": ("Ranks of one job side by side", plots.ranks_chart),
 }
 
 
@@ -115,6 +117,8 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> s
             parts += ["", "Bytes live at each device's allocated peak, by the phase and operator category that "
                           "allocated them (parameters, gradients and optimizer state need profkit's inventory).", "",
                       live[["run", "device", "phase", "category", "bytes", "allocations"]].to_markdown(index=False)]
+        if img.name == "ranks.png":
+            parts += _rank_tables(bd)
     baseline = tables.default_baseline(bd)
     if baseline:
         parts += ["", f"## Against {baseline}", ""] + [f"- {s}" for s in tables.delta_sentences(bd, baseline)]
@@ -122,6 +126,31 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> s
     if notes:
         parts += ["", "## Notes", ""] + sorted(set(notes))
     return "\n".join(parts) + "\n"
+
+
+def _rank_tables(bd: Breakdown) -> list[str]:
+    from profkit.analyze import ranks
+
+    per_rank = ranks.rank_summary(bd)
+    memory = ranks.rank_memory(bd)
+    out = []
+    for group in per_rank.group.unique():
+        g = per_rank[per_rank.group == group]
+        out += ["", f"{group}: per profiled step; communication exposed is what compute did not hide.", "",
+                pd.DataFrame({"rank": g["rank"], "step": g.step_s.map(human_seconds),
+                              "start skew": g.start_skew_ms.map(lambda v: f"{v:.2f} ms"),
+                              "communication exposed": g.communication_s.map(human_seconds),
+                              "communication overlapped": g.communication_overlapped_s.map(human_seconds),
+                              "run": g.run}).to_markdown(index=False)]
+        m = memory[(memory.group == group) & memory.parameters_bytes.notna()]
+        if len(m):
+            out += ["", "Memory on each rank, from its inventory:", "",
+                    pd.DataFrame({"rank": m["rank"], "parameters": m.parameters_bytes.map(human_bytes),
+                                  "share of the model": m.parameters_fraction.map(lambda v: f"{v:.1%}"),
+                                  "gradients": m.gradients_bytes.map(human_bytes),
+                                  "optimizer state": m.optimizer_state_bytes.map(human_bytes),
+                                  "measured peak": m.measured_peak_bytes.map(human_bytes)}).to_markdown(index=False)]
+    return out
 
 
 def _runs_table(bd: Breakdown) -> str:

@@ -186,3 +186,38 @@ def estimate_bars(at_peak: pd.DataFrame, path: Path, reference: dict[str, float]
             ax.scatter(names, [reference[m] / 1e9 for m in names], color="black", marker="_", s=400,
                        linewidths=3, zorder=3, label=reference_label)
     return _bar_chart(frame, 1e9, "GB", "Predicted memory at each method's peak", path, annotate=mark)
+
+
+def ranks_chart(bd: Breakdown, path: Path) -> Path | None:
+    """Each job of several ranks: time per step by category for every rank (the slowest stands out), and each
+    rank's communication, exposed and hidden under compute."""
+    from profkit.analyze import ranks
+
+    found = ranks.groups(bd)
+    if not found:
+        return None
+    summary = ranks.rank_summary(bd)
+    fig, axes = plt.subplots(len(found), 2, figsize=(12, 4 * len(found)), squeeze=False,
+                             gridspec_kw={"width_ratios": [3, 2]})
+    for (group, runs), (left, right) in zip(found.items(), axes):
+        s = summary[summary.group == group].set_index("run").loc[runs]
+        per_rank = tables.time_per_step(bd).reindex(runs).fillna(0.0)
+        per_rank.index = [str(int(r)) for r in s["rank"]]
+        _stacked(left, per_rank, 1e-3, "ms per profiled step")
+        left.set_xlabel("rank")
+        left.tick_params(axis="x", rotation=0)
+        left.set_title(f"{group}: time per step by category")
+        left.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1, 1))
+        x = np.arange(len(s))
+        right.bar(x, s.communication_s * 1e3, label="exposed", color=COLORS["communication"])
+        right.bar(x, s.communication_overlapped_s * 1e3, bottom=s.communication_s * 1e3,
+                  label="overlapped with compute", color="#cccccc")
+        right.set_xticks(x, [str(int(r)) for r in s["rank"]])
+        right.set_xlabel("rank")
+        right.set_ylabel("ms per profiled step")
+        right.set_title("communication per rank")
+        right.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

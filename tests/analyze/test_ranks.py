@@ -80,7 +80,10 @@ def test_the_report_names_the_slowest_rank(dlrm, tmp_path):
     from profkit.report.document import write_report
 
     rep = write_report([DLRM], tmp_path / "ranks")
-    assert "the slowest rank is" in rep.markdown_path.read_text()
+    text = rep.markdown_path.read_text()
+    assert "the slowest rank is" in text
+    assert tmp_path / "ranks" / "ranks.png" in rep.images and "![Ranks of one job side by side](ranks.png)" in text
+    assert "| communication exposed |" in text.replace("  ", " ") or "communication exposed" in text
 
 
 @pytest.mark.parametrize("names", [None, ("a100_distributed_rank0.json.gz", "a100_distributed_rank1.json.gz")])
