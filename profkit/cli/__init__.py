@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from profkit.cli import breakdown_cmd, estimate_cmd, methods_cmd, recommend_cmd, record_cmd, report_cmd, view_cmd
+from profkit.cli import (breakdown_cmd, estimate_cmd, methods_cmd, recommend_cmd, record_cmd, report_cmd,
+                         snapshot_cmd, view_cmd)
 
 app = typer.Typer(
     name="profkit",
@@ -18,6 +19,7 @@ app.command("record", epilog=record_cmd.EPILOG)(record_cmd.record)
 app.command("breakdown", epilog=breakdown_cmd.EPILOG)(breakdown_cmd.breakdown)
 app.command("estimate", epilog=estimate_cmd.EPILOG)(estimate_cmd.estimate)
 app.command("recommend", epilog=recommend_cmd.EPILOG)(recommend_cmd.recommend)
+app.command("snapshot", epilog=snapshot_cmd.EPILOG)(snapshot_cmd.snapshot)
 app.command("report")(report_cmd.report)
 app.command("view")(view_cmd.view)
 

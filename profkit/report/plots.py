@@ -221,3 +221,29 @@ def ranks_chart(bd: Breakdown, path: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def snapshot_timeline(analysis, path: Path) -> Path | None:
+    """An allocator snapshot's history: allocated stacked by owner, reserved as a line, the OOMs marked."""
+    frame = analysis.timeline
+    if frame.empty:
+        return None
+    devices = sorted(frame.device.unique())
+    fig, axes = plt.subplots(len(devices), 1, figsize=(11, 4 * len(devices)), squeeze=False)
+    for dev, (ax,) in zip(devices, axes):
+        f = frame[frame.device == dev]
+        owners = [c for c in f.columns if c.startswith("allocated_bytes.")]
+        ax.stackplot(f.t_s, *[f[c].clip(lower=0) / MIB for c in owners],
+                     labels=[c.removeprefix("allocated_bytes.") for c in owners], alpha=0.85)
+        ax.plot(f.t_s, f.reserved_bytes / MIB, color="black", lw=1.2, label="reserved")
+        ax.plot(f.t_s, f.allocated_bytes / MIB, color="#444444", lw=0.8, ls="--", label="allocated")
+        for t in analysis.oom[analysis.oom.device == dev].t_s:
+            ax.axvline(t, color="red", lw=1)
+        ax.set_xlabel("seconds into the recorded history")
+        ax.set_ylabel("MiB")
+        ax.set_title(f"{analysis.path.name}, device {dev}: allocated by owner, and reserved")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
