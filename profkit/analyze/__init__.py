@@ -27,6 +27,7 @@ TIME_COLUMNS = ["run", "method", "resource", "category", "phase", "seconds", "ov
 TIME_BY_NAME_COLUMNS = ["run", "method", "resource", "category", "name", "seconds", "overlapped_seconds"]
 # Every run row has these columns, whatever it is (a failed run, a foreign trace): absent values are NaN/None.
 RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine", "settings", "status", "reason",
+               "allocator_cached_free_bytes", "allocator_fragmentation_bytes", "largest_free_block_bytes",
                "device", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s", "gpu_step_time_s",
                "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
                "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s"]
@@ -69,6 +70,8 @@ class Breakdown:
     trace_memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, method, device, phase, category, ...
     trace_memory_peaks: pd.DataFrame = field(default_factory=pd.DataFrame)
     memory_over_time: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, device, t_s, allocated/reserved
+    # CUDA runs: the allocator snapshot profkit dumped (memory_snapshot.pickle, or oom_snapshot.pickle), analysed.
+    snapshots: dict = field(default_factory=dict)  # run -> profkit.analyze.snapshot.SnapshotAnalysis
 
     @property
     def failed(self) -> bool:
@@ -170,12 +173,14 @@ class _Collected:
         self.notes: dict[str, list[str]] = {}
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
+        self.snapshots: dict = {}
 
     def merge(self, other: "_Collected") -> None:
         for kind, frames in other.frames.items():
             self.frames[kind] += frames
         self.windows.update(other.windows)
         self.records.update(other.records)
+        self.snapshots.update(other.snapshots)
 
     def add(self, kind: str, frame: pd.DataFrame, run: str, method: str) -> None:
         self.frames[kind].append(frame.assign(run=run, method=method))
@@ -208,7 +213,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
         time_by_name=c.frame("time_by_name", TIME_BY_NAME_COLUMNS), measured=c.frame("measured"),
         predicted=c.frame("predicted", ["run", "method", *PREDICTED_COLUMNS]),
-        problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records,
+        problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records, snapshots=c.snapshots,
         trace_memory=c.frame("trace_memory", ["run", "method", *LIVE_COLUMNS]),
         trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
         memory_over_time=c.frame("memory_over_time"),
@@ -295,6 +300,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         row.update(method=method, kind=record.kind, engine=record.engine, settings=record.settings,
                    status=record.status, reason=record.reason, device=record.device.get("type"),
                    clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"))
+        _allocator_snapshot(src, run_dir, row, c, notes, problems)
         if record.status != "ok":
             return row  # shown with its status, never as zeros
         time_trace = run_dir.time_trace
@@ -353,6 +359,35 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     except Exception as exc:
         problems.append(Problem(run_dir.path, _unexpected(exc)))
     return row
+
+
+def _allocator_snapshot(src: Source, run_dir: store.RunDir, row: dict, c: _Collected, notes: list[str],
+                        problems: list[Problem]) -> None:
+    """A CUDA run's allocator snapshot (at an OOM, the OOM's): ``allocator_overhead`` (reserved - allocated) split
+    into wholly free cached segments and free blocks inside segments in use (fragmentation), at the dump."""
+    from profkit.analyze.snapshot import SnapshotError, analyse_snapshot
+
+    path = next((p for p in (run_dir.oom_snapshot, run_dir.cuda_snapshot) if p.is_file()), None)
+    if path is None:
+        return
+    try:
+        snap = analyse_snapshot(path)
+    except SnapshotError as exc:
+        problems.append(Problem(exc.path, exc.reason, fatal=False))
+        return
+    c.snapshots[src.run] = snap
+    d = snap.devices
+    row.update(allocator_cached_free_bytes=int(d.empty_segment_bytes.sum()),
+               allocator_fragmentation_bytes=int(d.inactive_split_bytes.sum()),
+               largest_free_block_bytes=int(d.largest_free_block_bytes.max()))
+    from profkit.report.units import human_bytes as h
+    notes.append(f"allocator snapshot ({path.name}, at the end of the memory cycle): reserved - allocated = "
+                 f"{h(int(d.free_in_reserved_bytes.sum()))}, of which {h(row['allocator_cached_free_bytes'])} in "
+                 f"wholly free cached segments and {h(row['allocator_fragmentation_bytes'])} in free blocks inside "
+                 f"segments in use (fragmentation; largest free block {h(row['largest_free_block_bytes'])}); "
+                 f"`profkit snapshot {path}` for the rest")
+    for _, o in snap.oom.iterrows():
+        notes.append(f"out of memory: {o.verdict}: {o.explanation}")
 
 
 def _foreign_memory(src: Source, trace, t, row: dict, c: _Collected, notes: list[str], problems: list[Problem]) -> None:

@@ -43,7 +43,13 @@ def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -
     for name, (_, plot) in PLOTS.items():
         if not bd.runs.empty and plot(bd, out_dir / name) is not None:
             images.append(out_dir / name)
-    text = render_markdown(bd, images, command)
+    snapshot_images = {}
+    for run, snap in bd.snapshots.items():
+        target = out_dir / f"allocator_{re.sub(r'[^A-Za-z0-9_.-]', '_', run)}.png"
+        if plots.snapshot_timeline(snap, target) is not None:
+            snapshot_images[run] = target
+            images.append(target)
+    text = render_markdown(bd, [i for i in images if i not in snapshot_images.values()], command, snapshot_images)
     md_path = out_dir / "report.md"
     md_path.write_text(text)
     html_path = out_dir / "report.html"
@@ -92,7 +98,8 @@ def _context(bd: Breakdown) -> list[str]:
     return lines
 
 
-def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> str:
+def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
+                    snapshot_images: dict[str, Path] | None = None) -> str:
     parts = ["# profkit report", ""]
     parts += _context(bd)
     if command:
@@ -119,6 +126,7 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> s
                       live[["run", "device", "phase", "category", "bytes", "allocations"]].to_markdown(index=False)]
         if img.name == "ranks.png":
             parts += _rank_tables(bd)
+    parts += _allocator_sections(bd, snapshot_images or {})
     baseline = tables.default_baseline(bd)
     if baseline:
         parts += ["", f"## Against {baseline}", ""] + [f"- {s}" for s in tables.delta_sentences(bd, baseline)]
@@ -126,6 +134,30 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None) -> s
     if notes:
         parts += ["", "## Notes", ""] + sorted(set(notes))
     return "\n".join(parts) + "\n"
+
+
+def _allocator_sections(bd: Breakdown, images: dict[str, Path]) -> list[str]:
+    """CUDA runs: what the allocator snapshot says (reserved against allocated, fragmentation, OOM verdicts,
+    what was live at the peak by where it was allocated)."""
+    out = []
+    for run, snap in bd.snapshots.items():
+        out += ["", f"## Allocator: {run}", ""]
+        for _, d in snap.devices.iterrows():
+            out.append(f"- device {int(d.device)}: reserved {human_bytes(d.reserved_bytes)}, allocated "
+                       f"{human_bytes(d.allocated_bytes)}; free inside reserved {human_bytes(d.free_in_reserved_bytes)} "
+                       f"({human_bytes(d.empty_segment_bytes)} in wholly free segments, "
+                       f"{human_bytes(d.inactive_split_bytes)} split inside segments in use; largest free block "
+                       f"{human_bytes(d.largest_free_block_bytes)}); {int(d.segments)} segments; expandable segments "
+                       f"{'on' if d.expandable_segments else 'off'}")
+        out += [f"- OOM: {o.verdict}: {o.explanation}" for _, o in snap.oom.iterrows()]
+        if run in images:
+            out += ["", f"![Allocator history of {run}]({images[run].name})"]
+        peak = snap.live[snap.live.instant == ("peak" if (snap.live.instant == "peak").any() else "snapshot")]
+        if len(peak):
+            top = peak.head(10).assign(bytes=peak["bytes"].head(10).map(human_bytes))
+            out += ["", "Live at the allocated peak, by where it was allocated:", "",
+                    top[["bytes", "allocations", "owner", "library", "site", "user_frame"]].to_markdown(index=False)]
+    return out
 
 
 def _rank_tables(bd: Breakdown) -> list[str]:
