@@ -1,3 +1,4 @@
 from profkit.cli import main
 
-main()
+if __name__ == "__main__":  # analysis workers are spawned and import this module again
+    main()

@@ -34,7 +34,7 @@ def test_prediction_matches_measurement_on_tiny(tiny_training, name):
 def test_breakdown_shows_predicted_beside_measured(tiny_training):
     table = run_cli("breakdown", str(tiny_training / "lora_gc"))
     assert table.returncode == 0, table.stderr
-    assert "error against measured" in table.stdout and "activ." in table.stdout
+    assert "error against measured" in table.stdout and "│ activations" in table.stdout
     markdown = run_cli("breakdown", str(tiny_training / "lora_gc"), "--format", "markdown").stdout
     assert "## Memory predicted / measured (error)" in markdown and "activations (forward)" in markdown
     records = json.loads(run_cli("breakdown", str(tiny_training / "lora_gc"), "--format", "json").stdout)

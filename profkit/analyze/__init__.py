@@ -195,7 +195,9 @@ class _Collected:
 
 # Many inputs (the ranks of a large job) are analysed in worker processes, one input at a time each, with as
 # many workers as the memory of the largest input allows; a few small inputs are faster in this process.
-PARALLEL_MIN_BYTES = 64 << 20  # uncompressed trace bytes, all inputs together
+# A spawned worker costs about a second to start (measured: 64 ranks of 110 MB in all took 1.4 s in this process
+# and 2.2 s with two workers on two cores), so only inputs that take several seconds are worth it.
+PARALLEL_MIN_BYTES = 256 << 20  # uncompressed trace bytes, all inputs together
 PEAK_PER_TRACE_BYTE = 2.5  # analysis peak over the uncompressed trace (measured: reports/benchmarks/)
 MEMORY_SHARE = 0.5  # of the memory available when the analysis starts
 
@@ -235,11 +237,9 @@ def _analyse_all(sources: list[Source], jobs: int | None):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    # forkserver: workers start from a clean process, not a fork of one that may hold threads (torch, a GUI).
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["profkit.analyze"])
+    # spawn: workers start from a clean interpreter, not a fork of a process that may hold threads (torch, a
+    # GUI), and no server process outlives the analysis (forkserver's would).
+    ctx = multiprocessing.get_context("spawn")
     # Largest first, so that a big input does not start last; results come back in input order.
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         order = sorted(range(len(sources)), key=lambda i: -sizes[i])

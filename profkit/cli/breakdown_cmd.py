@@ -100,8 +100,9 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     errors = tables.predicted_errors(bd)
     for chunk in chunks(list(errors.index), out.width) if not errors.empty else []:
-        t = Table(title="Memory predicted by `profkit estimate`: error against measured",
-                  caption="static categories and activations at the forward phase's peak, gradients at the "
+        # The title above the table, not in it: rich wraps a title to the table's width, narrow for one run.
+        out.print("Memory predicted by `profkit estimate`: error against measured", style="italic", highlight=False)
+        t = Table(caption="static categories and activations at the forward phase's peak, gradients at the "
                           "optimizer step's; `--format json|markdown` gives the bytes")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
