@@ -140,7 +140,7 @@ def main() -> None:
         print(f"{name}: {args.ranks} ranks, {size / 1e6:.0f} MB: profkit {wall['profkit']:.2f} s, HTA {wall['hta']:.2f} s "
               f"(speed-up {wall['hta'] / wall['profkit']:.2f}x); peak RSS profkit {peak['profkit'] / 2**20:.0f} MiB, "
               f"HTA {peak['hta'] / 2**20:.0f} MiB ({peak['profkit'] / peak['hta']:.2f}x); overlap differs by at most "
-              (f"{worst:.2f} points" if worst is not None else "- (no communication to compare)"))
+              + (f"{worst:.2f} points" if worst is not None else "- (no communication to compare)"))
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=2))
     print(f"written {OUT.relative_to(ROOT)}")

@@ -29,7 +29,8 @@ class TrainerCallback(_TrainerCallback):
 
     def __init__(self, path: str | Path | None = None, *, warmup_steps: int = 2, timed_steps: int = 5,
                  profiled_steps: int = 2, memory_steps: int = 1,
-                 session_factory: Callable[[Any, Any], Session] | None = None):
+                 session_factory: Callable[[Any, Any], Session] | None = None, stop_when_done: bool = False):
+        self._stop_when_done = stop_when_done  # profkit's own Trainer runs only as long as the session needs
         if (path is None) == (session_factory is None):
             raise TypeError("TrainerCallback(path): give the run directory to record into")
         schedule = dict(warmup_steps=warmup_steps, timed_steps=timed_steps, profiled_steps=profiled_steps,
@@ -49,6 +50,8 @@ class TrainerCallback(_TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.session is not None:
             self.session.step()
+            if self._stop_when_done and self.session.done:
+                control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.session is not None:

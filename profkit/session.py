@@ -56,6 +56,7 @@ Progress = Callable[[str], None]  # called with the phase name after every step
 # Enough allocator events for several steps of a 3B model; older events are dropped first.
 CUDA_HISTORY_MAX_ENTRIES = 200_000
 PHASES = ("warmup", "timed", "time_profile", "memory_profile")
+MEMORY_CYCLE_ATTEMPTS = 3  # torch's memory timeline export fails now and then; the cycle is run again
 NORM_CLASS_SUFFIXES = ("RMSNorm", "LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d")
 
 
@@ -118,6 +119,8 @@ class Session:
         self._always: list = []
         self._finalizer = None
         self._world: tuple[int, int] | None = None  # (rank, world size) under torch.distributed, from start()
+        self._timeline_error: str | None = None
+        self._memory_attempts = 1
 
     # ------------------------------------------------------------------ public
 
@@ -204,8 +207,8 @@ class Session:
                 self._prof.step()
         self.progress(phase)
         if last:
-            self._finish_phase(phase)
-            self._enter_next(PHASES.index(phase) + 1)
+            if self._finish_phase(phase):
+                self._enter_next(PHASES.index(phase) + 1)
         elif self._labels.active:
             self._labels.open_data()
 
@@ -222,6 +225,10 @@ class Session:
         rec = self.record
         if exc is not None:
             rec.status, rec.reason = classify(exc), f"{type(exc).__name__}: {exc}".strip()
+        elif self.phase == "done" and self._timeline_error:
+            rec.status = "failed"
+            rec.reason = (f"torch could not export the memory timeline in {self._memory_attempts} memory cycles "
+                          f"(pytorch/pytorch#167838): {self._timeline_error}")
         elif self.phase == "done":
             rec.status, rec.reason = "ok", None
         else:
@@ -281,14 +288,24 @@ class Session:
         elif self.phase == "memory_profile":
             self._start_memory_cycle()
 
-    def _finish_phase(self, phase: str) -> None:
+    def _finish_phase(self, phase: str) -> bool:
+        """End ``phase``; False when it starts again instead (a memory cycle whose timeline torch failed to export)."""
         if phase == "timed":
             self._store_timings()
         elif phase in ("time_profile", "memory_profile"):
             self._stop_profiler()
             if phase == "memory_profile":
                 self._end_memory_cycle()
+                if self._timeline_error and self._memory_attempts < MEMORY_CYCLE_ATTEMPTS:
+                    self.record.timings.setdefault("memory_cycle_retries", []).append(self._timeline_error)
+                    self._memory_attempts += 1
+                    self._timeline_error = None
+                    self.record.inventory = None  # taken again, in the cycle whose timeline is kept
+                    self._in_phase = 0
+                    self._start_memory_cycle()
+                    return False
         self.record.phases_done.append(phase)
+        return True
 
     def _store_timings(self) -> None:
         median = statistics.median(self._times)
@@ -308,8 +325,14 @@ class Session:
         def on_ready(p: profile) -> None:
             p.export_chrome_trace(str(run_dir.memory_trace))
             # Categorized memory timeline (parameters, activations, gradients...); deprecated upstream in
-            # favour of the CUDA snapshot, which has no categories, so both are kept.
-            p.export_memory_timeline(str(run_dir.memory_timeline), device=device)
+            # favour of the CUDA snapshot, which has no categories, so both are kept. Its data-flow analysis
+            # sometimes asserts ("duplicate outputs", pytorch/pytorch#167838): never let that end the user's
+            # training; the cycle is run again.
+            try:
+                p.export_memory_timeline(str(run_dir.memory_timeline), device=device)
+            except Exception as exc:
+                self._timeline_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                run_dir.memory_timeline.unlink(missing_ok=True)
 
         self._labels.install()
         self._prof = self._profile(self.plan["memory_profile"] - 1, None, profile_memory=True,

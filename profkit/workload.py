@@ -442,6 +442,8 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
     gradient checkpointing from ``TrainingArguments``, ZeRO from a DeepSpeed config with "auto" sizes."""
     from transformers import Trainer, TrainingArguments
 
+    from profkit.session import MEMORY_CYCLE_ATTEMPTS
+
     blocks = token_blocks(tokenizer, settings)
     dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
     half = half_dtype(device)
@@ -449,7 +451,9 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
         _init_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
     args = TrainingArguments(
-        output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,
+        # Room for the memory cycles the session may run again; it stops the Trainer once it has what it needs.
+        output_dir=out_dir, per_device_train_batch_size=settings.batch_size,
+        max_steps=settings.total_steps + (MEMORY_CYCLE_ATTEMPTS - 1) * (1 + settings.memory_steps),
         learning_rate=method.learning_rate, lr_scheduler_type="constant", optim="adamw_torch",
         gradient_checkpointing=method.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,
@@ -463,7 +467,7 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
         from profkit.hf import TrainerCallback
 
         trainer = Trainer(model=model, args=args, train_dataset=dataset,
-                          callbacks=[TrainerCallback(session_factory=make_session)])
+                          callbacks=[TrainerCallback(session_factory=make_session, stop_when_done=True)])
         try:
             trainer.train()
         finally:
