@@ -382,6 +382,11 @@ def _free_port() -> int:
 
 def build(method: Method, settings: RunSettings, device: str) -> Workload:
     reason = unsupported_reason(method, device)
+    if not reason and settings.engine == "trainer" and settings.nproc > 1 and device == "cpu":
+        # accelerate (under the Trainer) starts its distributed state only for accelerators, or with use_cpu,
+        # which turns DeepSpeed off: on CPU every rank would count itself as the only process.
+        reason = ("the Trainer on several CPU ranks: accelerate, under the Trainer, sees one process per rank "
+                  "unless use_cpu is set, and use_cpu turns DeepSpeed off; use --engine loop, or GPUs")
     if reason:
         raise UnsupportedError(reason)
     torch.manual_seed(settings.seed)

@@ -254,3 +254,10 @@ def test_a_users_script_under_torchrun_records_every_rank_into_one_run(tmp_path)
         state = sum(r["bytes"] for r in record.inventory["rows"]
                     if r["owner"] == "optimizer_state" and r["detail"] != "step")
         assert state == pytest.approx(3 * 4 * trainable / 2, rel=0.01)
+
+
+def test_the_trainer_on_several_cpu_ranks_is_unsupported_with_the_reason(tmp_path):
+    out = run_cli("record", "lora_zero2", "--engine", "trainer", *NPROC, *FAST, "-o", str(tmp_path))
+    assert out.returncode == 3, out.stderr
+    top = json.loads((tmp_path / "lora_zero2-trainer-nproc2" / store.MANIFEST).read_text())
+    assert top["status"] == "unsupported" and "accelerate" in top["reason"] and top["reason"].startswith("rank ")
