@@ -134,9 +134,17 @@ def method_of(parts: Parts, inference: bool = False) -> Method:
         name += "_gc"
     lr = learning_rate(parts.inner_optimizer)
     fields = {k: v for k, v in (lora or {}).items() if k.startswith("lora_")}
+    optimizer = OPTIMIZER_OF.get(type(parts.inner_optimizer).__name__, "adamw")
+    double_quant = _double_quant(parts.model)
     return Method(name, "train", "found on the live objects", adapter=adapter, quantization=quant,
                   gradient_checkpointing=gc, zero_stage=stage, **({"learning_rate": lr} if lr is not None else {}),
+                  optimizer=optimizer, **({"double_quant": double_quant} if quant and double_quant is not None else {}),
                   **fields)
+
+
+# An optimizer's class -> the registry's name for what it holds (SGD is modelled without momentum).
+OPTIMIZER_OF = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adamw-8bit", "Adam8bit": "adamw-8bit",
+                "PagedAdamW8bit": "paged-adamw-8bit", "SGD": "sgd"}
 
 
 def model_info(parts: Parts) -> dict:

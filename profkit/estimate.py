@@ -78,6 +78,26 @@ class Estimate:
                 "detail": self.detail, "notes": self.notes}
 
 
+BNB_8BIT_BLOCK = 256  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 256 values of each state
+BNB_MIN_8BIT_SIZE = 4096  # smaller tensors keep 32-bit state
+BNB_QMAPS = 2 * 256 * 4  # the two 256-entry quantization maps, shared by every tensor
+
+
+def optimizer_state_bytes(optimizer: str, numels: list[int], element_size: int) -> int:
+    """State the optimizer holds for tensors of these sizes (AdamW's moments are in the parameters' dtype)."""
+    if optimizer == "sgd":
+        return 0  # plain SGD, no momentum
+    if optimizer == "adamw":
+        return sum(2 * n * element_size for n in numels)
+    total = 0
+    for n in numels:
+        if n < BNB_MIN_8BIT_SIZE:
+            total += 2 * n * 4
+        else:
+            total += 2 * n + 2 * math.ceil(n / BNB_8BIT_BLOCK) * 4
+    return total + (BNB_QMAPS if any(n >= BNB_MIN_8BIT_SIZE for n in numels) else 0)
+
+
 def nf4_bytes(shape: tuple[int, ...], double_quant: bool) -> int:
     """Bytes bitsandbytes stores for one NF4 weight with its quantization state."""
     numel = math.prod(shape)
@@ -125,10 +145,10 @@ class _TargetDevice(torch.overrides.TorchFunctionMode):
     LOWER = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
              torch.mm, torch.bmm, torch.Tensor.mm, torch.Tensor.bmm}
 
-    def __init__(self, target: Target, half: torch.dtype):
+    def __init__(self, target: Target, autocast: torch.dtype | None):
         super().__init__()
-        self.target, self.half = target, half
-        self.autocast = target == "cuda"
+        self.target, self.half = target, autocast
+        self.autocast = autocast is not None
         self.cast_cache: dict[int, torch.Tensor] = {}  # autocast caches casts of leaf weights per forward
 
     def _cast(self, x):
@@ -174,7 +194,7 @@ def _decoder_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
-def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, half: torch.dtype,
+def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
                        gathered: set[int] = frozenset()) -> SavedForBackward:
     """One training forward on the meta device; every saved tensor counted once per storage.
 
@@ -237,7 +257,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, hal
         # transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors
         # cannot answer; profkit's batches are contiguous blocks, for which the answer is "none".
         with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _TargetDevice(target, half):
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _TargetDevice(target, autocast):
             loss = model(input_ids=batch, labels=batch).loss
         del loss
     finally:
@@ -254,6 +274,8 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
              target: Target = "cuda", model_name: str = "", engine: str = "loop") -> Estimate:
     from profkit import workload
 
+    if method.zero_stage and method.optimizer != "adamw" and engine == "trainer":
+        raise EstimateError(f"{method.label}: the Trainer engine with ZeRO and {method.optimizer} is not modelled")
     if method.kind != "train":
         raise EstimateError(f"{method.name}: the estimator models training methods only (generation's KV cache "
                             "and its batch-1 decoding are not modelled)")
@@ -262,10 +284,9 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
     if world_size > 1 and not method.zero_stage:
         raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO method (plain data parallelism "
                             "replicates everything; estimate with --world-size 1)")
-    half = torch.bfloat16 if target == "cuda" else workload.half_dtype("cpu")
-    model, quantized = workload.meta_model(method, config, half)
-    notes: list[str] = []
-    if target == "cuda":
+    model, quantized, plan = workload.meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    notes: list[str] = list(plan.notes)
+    if target == "cuda" and method.precision == "auto":
         notes.append("CUDA target: bf16 autocast and bf16 frozen weights (a GPU with bf16 support); flash "
                      "attention where PyTorch would pick it")
 
@@ -273,7 +294,7 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
     params = {"trainable": 0, "frozen": 0, "quantized": 0}
     parts = {"parameters_trainable": 0, "parameters_frozen": 0, "parameters_quantized": 0}
     trainable: list[torch.Tensor] = []
-    double_quant = workload.nf4_config(half).bnb_4bit_use_double_quant if quantized else False
+    double_quant = method.double_quant if quantized else False
     seen: set[int] = set()
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in seen:
@@ -307,7 +328,8 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
         trainable_elem = trainable[0].element_size()
         bucket = buffers["reduce_bucket_size"] * trainable_elem
         detail["zero_fp32_master_partition"] = part * 4
-        optimizer_state = part * 4 * 3 + step_bytes
+        # The fp32 master partition and the optimizer's state of that one flat tensor.
+        optimizer_state = part * 4 + optimizer_state_bytes(method.optimizer, [part], 4) + step_bytes
         grads_partition = part * 4
         if method.zero_stage == 3:
             zero_persistent_grads = bucket
@@ -341,12 +363,28 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
         # size, the single-tensor path on CPU two.
         optimizer_temporaries = part * 4 * (1 if target == "cuda" else 2)
     else:
-        optimizer_state = 2 * trainable_bytes + step_bytes * len(trainable)
+        optimizer_state = optimizer_state_bytes(method.optimizer, [p.numel() for p in trainable],
+                                                trainable[0].element_size()) + \
+            (step_bytes * len(trainable) if method.optimizer == "adamw" else 0)
         optimizer_grads = trainable_bytes
-        optimizer_temporaries = trainable_bytes if target == "cuda" else 2 * largest
+        optimizer_temporaries = (0 if method.optimizer == "sgd" else
+                                 trainable_bytes if target == "cuda" and method.optimizer == "adamw" else 2 * largest)
+    if method.zero_offload != "none":
+        notes.append(f"ZeRO-Offload ({method.zero_offload}): the optimizer state and the fp32 master partition live "
+                     "in host memory, not on the GPU" + ("; so do the parameters' partitions"
+                                                        if method.zero_offload == "optimizer+params" else ""))
+        detail["offloaded_optimizer_state"] = optimizer_state
+        optimizer_state, optimizer_temporaries = 0, 0
+        if method.zero_offload == "optimizer+params":
+            for key in ("parameters_trainable", "parameters_frozen"):
+                detail[f"offloaded_{key}"] = parts[key]
+                parts[key] = 0
+    if method.optimizer == "paged-adamw-8bit" and target == "cuda":
+        notes.append("paged 8-bit AdamW: its state is in CUDA unified memory (cudaMallocManaged), outside PyTorch's "
+                     "allocator: max_memory_allocated does not count it, nvidia-smi does until the driver pages it out")
     detail["adamw_step_temporaries"] = optimizer_temporaries
 
-    saved = saved_for_backward(model, batch_size, seq_len, target, half, gathered)
+    saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered)
     checkpointing = method.gradient_checkpointing
     forward_activations = saved.end_of_forward(checkpointing)
     backward_activations = saved.during_backward(checkpointing)
@@ -368,8 +406,8 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
     }
     instants = {name: {c: int(v[c]) for c in CATEGORIES} for name, v in instants.items()}
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
-                "model": model_name}
-    return Estimate(method.name, settings, instants, params, detail, notes)
+                "model": model_name, "precision": plan.precision, "method": method.settings()}
+    return Estimate(method.label, settings, instants, params, detail, notes)
 
 
 def estimate_run(method: Method, settings, target: Target, world_size: int = 1) -> Estimate:

@@ -11,14 +11,22 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 
+QUANT_TYPES = ("nf4", "fp4")
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
+ATTENTIONS = ("sdpa", "flash", "eager")
+ZERO_OFFLOADS = ("none", "optimizer", "optimizer+params")
+ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
     kind: Literal["train", "infer"]
     description: str
     adapter: Literal["none", "lora"] = "none"
-    # Storage format of the frozen base weights: None keeps the model dtype, "nf4" is bitsandbytes 4-bit.
-    quantization: Literal["nf4"] | None = None
+    # Storage format of the frozen base weights: None keeps the model dtype; "nf4" or "fp4" is bitsandbytes 4-bit.
+    quantization: Literal["nf4", "fp4"] | None = None
     gradient_checkpointing: bool = False
     zero_stage: Literal[0, 2, 3] = 0
     learning_rate: float = 2e-5
@@ -26,6 +34,13 @@ class Method:
     lora_alpha: int = 16
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    double_quant: bool = True  # 4-bit: quantize the block scales too (QLoRA's setting)
+    # auto: bf16 autocast over fp32 trainable weights on GPUs (fp16 where bf16 is missing), fp32 on CPU.
+    precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"] = "auto"
+    optimizer: Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd"] = "adamw"
+    attention: Literal["sdpa", "flash", "eager"] = "sdpa"
+    zero_offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
         """The method's settings as a JSON-ready dict (for manifests and tables)."""
@@ -34,10 +49,84 @@ class Method:
         if self.adapter != "lora":
             for key in ("lora_r", "lora_alpha", "lora_dropout", "lora_targets"):
                 out.pop(key)
+        if not self.quantization:
+            out.pop("double_quant")
+        if not self.zero_stage:
+            out.pop("zero_offload")
         if self.kind == "infer":
-            for key in ("learning_rate", "gradient_checkpointing", "zero_stage"):
-                out.pop(key)
+            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "zero_offload"):
+                out.pop(key, None)
+        if not self.variant:
+            out.pop("variant")
         return out
+
+    @property
+    def label(self) -> str:
+        """The method with its command-line changes: ``lora``, ``lora-r16-all-linear``."""
+        return f"{self.name}-{self.variant}" if self.variant else self.name
+
+
+class OverrideError(ValueError):
+    """A setting that makes no sense for the method (a LoRA rank for ``full``): the message says why."""
+
+
+# Command-line name -> (Method field, how it appears in a run name, which methods it applies to).
+OVERRIDES = {
+    "lora_rank": ("lora_r", lambda v: f"r{v}", "lora"),
+    "lora_alpha": ("lora_alpha", lambda v: f"alpha{v}", "lora"),
+    "lora_dropout": ("lora_dropout", lambda v: f"dropout{v:g}", "lora"),
+    "lora_targets": ("lora_targets", lambda v: "+".join(v), "lora"),
+    "quant_type": ("quantization", str, "quantized"),
+    "double_quant": ("double_quant", lambda v: "dq" if v else "no-dq", "quantized"),
+    "precision": ("precision", str, "train"),
+    "optimizer": ("optimizer", str, "train"),
+    "attention": ("attention", lambda v: f"attn-{v}", "any"),
+    "zero_offload": ("zero_offload", lambda v: "offload-" + v.replace("+", "-"), "zero"),
+}
+CHOICES = {"quant_type": QUANT_TYPES, "precision": PRECISIONS, "optimizer": OPTIMIZERS, "attention": ATTENTIONS,
+           "zero_offload": ZERO_OFFLOADS}
+
+
+def with_overrides(method: Method, **overrides) -> Method:
+    """``method`` with the command line's settings (None: not given). Each must apply to the method and be a
+    valid value; the result's ``variant`` names what differs from the registry, in a fixed order."""
+    changes: dict = {}
+    for option, value in overrides.items():
+        if value is None:
+            continue
+        if option not in OVERRIDES:
+            raise OverrideError(f"unknown setting {option!r}; valid: {', '.join(OVERRIDES)}")
+        field_name, _, applies = OVERRIDES[option]
+        flag = "--" + option.replace("_", "-")
+        if option in CHOICES and value not in CHOICES[option]:
+            raise OverrideError(f"{flag} {value!r}: valid values are {', '.join(CHOICES[option])}")
+        if applies == "lora" and method.adapter != "lora":
+            raise OverrideError(f"{flag} applies to LoRA methods; {method.name} trains no adapter")
+        if applies == "quantized" and not method.quantization:
+            raise OverrideError(f"{flag} applies to 4-bit methods (qlora..., infer_int4); {method.name} keeps "
+                                "its weights in the model dtype")
+        if applies == "train" and method.kind != "train":
+            raise OverrideError(f"{flag} applies to training methods; {method.name} is inference")
+        if applies == "zero" and not method.zero_stage:
+            raise OverrideError(f"{flag} applies to ZeRO methods; {method.name} does not use DeepSpeed")
+        if option == "lora_targets":
+            value = tuple(t.strip() for t in (value.split(",") if isinstance(value, str) else value) if t.strip())
+            if not value:
+                raise OverrideError(f"{flag}: name at least one module (q_proj,v_proj) or {ALL_LINEAR}")
+            if ALL_LINEAR in value and len(value) > 1:
+                raise OverrideError(f"{flag}: {ALL_LINEAR} stands alone")
+        if option == "lora_rank" and value < 1:
+            raise OverrideError(f"{flag} {value}: a rank is at least 1")
+        if option == "lora_dropout" and not 0 <= value < 1:
+            raise OverrideError(f"{flag} {value}: a dropout probability in [0, 1)")
+        if option == "zero_offload" and value == "optimizer+params" and method.zero_stage != 3:
+            raise OverrideError(f"{flag} optimizer+params: DeepSpeed offloads parameters with ZeRO-3 only; "
+                                f"{method.name} is ZeRO-{method.zero_stage}")
+        changes[field_name] = value
+    changed = replace(method, **changes)
+    parts = [fmt(getattr(changed, field_name)) for option, (field_name, fmt, _) in OVERRIDES.items()
+             if getattr(changed, field_name) != getattr(method, field_name)]
+    return replace(changed, variant="-".join(parts))
 
 
 def full() -> Method:
@@ -75,7 +164,7 @@ def infer_int4() -> Method:
 
 def _registry() -> dict[str, Method]:
     train = [full(), with_gc(full()), lora(), with_gc(lora()), qlora(), with_gc(qlora())]
-    for base in (lora(), qlora()):
+    for base in (lora(), qlora(), full()):  # ZeRO (and FSDP, which shards like ZeRO-3) for full fine-tuning too
         for stage in (2, 3):
             train += [with_zero(base, stage), with_zero(with_gc(base), stage)]
     methods = train + [infer_fp16(), infer_int4()]

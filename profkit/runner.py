@@ -114,7 +114,7 @@ def record_one(method: Method, settings: RunSettings, root: Path, observer: Obse
             record = _record_for_dead_worker(method, settings, proc.returncode, interrupted, partial)
             partial.write_manifest(record.to_json())
     final = store.commit(partial, root, settings.run)
-    return Outcome(method.name, record.status, record.reason, final.path, record)
+    return Outcome(method.label, record.status, record.reason, final.path, record)
 
 
 def _follow(path: Path, proc: subprocess.Popen):

@@ -372,7 +372,7 @@ class Session:
         if config is None or self._input_shape is None:
             return {"error": "no estimate: not a Hugging Face model with a config, or no token batch was seen"}
         found = self.record.model.get("found", {})
-        if found.get("quantization") not in (None, "nf4"):
+        if found.get("quantization") not in (None, "nf4", "fp4"):
             return {"error": f"no estimate: the estimator models NF4, not {found.get('quantization')}"}
         try:
             fields = {k: v for k, v in found.items() if k in get_method("lora").__dataclass_fields__ and k != "method"}

@@ -3,7 +3,7 @@ hand it to the fresh subprocess that runs the method."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from profkit.presets import DEFAULT_PRESET, get_preset
 
@@ -25,6 +25,7 @@ class RunSettings:
     seed: int = 0
     engine: str = "loop"  # loop: profkit's own training loop; trainer: transformers.Trainer with profkit's callback
     nproc: int = 1  # ranks, each its own process under torchrun; ZeRO partitions across them
+    overrides: dict = field(default_factory=dict)  # method settings from the command line (lora_rank=16, ...)
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""
@@ -32,11 +33,17 @@ class RunSettings:
         return replace(self, batch_size=self.batch_size or p.batch_size, seq_len=self.seq_len or p.seq_len,
                        max_new_tokens=self.max_new_tokens or p.max_new_tokens)
 
+    def method_spec(self):
+        """The registry's method with this run's command-line settings."""
+        from profkit.methods import get_method, with_overrides
+
+        return with_overrides(get_method(self.method), **self.overrides)
+
     @property
     def run(self) -> str:
-        """The run's directory name: the method, then the engine when it is not profkit's own loop and the rank
-        count when it is more than one, so that such runs of one method sit side by side."""
-        return (self.method + ("" if self.engine == "loop" else f"-{self.engine}")
+        """The run's directory name: the method with its command-line settings, then the engine when it is not
+        profkit's own loop and the rank count when it is more than one, so that such runs sit side by side."""
+        return (self.method_spec().label + ("" if self.engine == "loop" else f"-{self.engine}")
                 + ("" if self.nproc == 1 else f"-nproc{self.nproc}"))
 
     def to_json(self) -> dict:

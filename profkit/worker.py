@@ -15,7 +15,6 @@ from pathlib import Path
 
 from profkit.exitcodes import for_status
 from profkit.manifest import RunRecord, new_record, now
-from profkit.methods import get_method
 from profkit.settings import RunSettings
 from profkit.store import RunDir
 
@@ -37,7 +36,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
         events.write(json.dumps(event) + "\n")
         events.flush()
 
-    method = get_method(settings.method)
+    method = settings.method_spec()
     settings = settings.resolved()
     record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
                         run_settings=settings.to_json(), world_size=settings.nproc, rank=rank)

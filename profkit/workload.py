@@ -137,36 +137,87 @@ def model_config(settings: RunSettings):
     return AutoConfig.for_model(**get_preset(settings.preset).config)
 
 
-def weight_dtype(method: Method, half: torch.dtype) -> torch.dtype:
-    """Trainable full fine-tuning weights stay fp32 (mixed precision via autocast); frozen bases use half."""
-    return torch.float32 if (method.kind == "train" and method.adapter == "none") else half
+@dataclass(frozen=True)
+class ModelPlan:
+    """What a method does to a model on a device. ``plan`` is the one place that decides it; the real build
+    (``build_model``) and the meta-device build for the estimate (``meta_model``) both follow it."""
+
+    precision: str  # the effective precision (auto resolved)
+    load_dtype: torch.dtype  # weights that are not quantized, as loaded
+    autocast: torch.dtype | None  # the forward's autocast dtype; None: none
+    quantization: Any  # transformers' BitsAndBytesConfig, or None
+    kbit_prep: bool  # peft's prepare_model_for_kbit_training (QLoRA's casts of the unquantized weights)
+    gradient_checkpointing: bool
+    lora: Any  # peft's LoraConfig, or None
+    lora_dtype_follows_base: bool  # bf16-pure: the adapters in bf16 too (peft keeps them fp32 otherwise)
+    attn_implementation: str  # what transformers builds the attention with
+    notes: tuple[str, ...] = ()
 
 
-def nf4_config(half: torch.dtype):
-    """The bitsandbytes config of every NF4 method (QLoRA's: NF4 with double quantization)."""
-    from transformers import BitsAndBytesConfig
+def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelPlan:
+    """``half``: the device's half precision (default: what this machine's ``device`` supports; the estimator
+    passes bf16 for a CUDA target it does not have)."""
+    half = half or half_dtype(device)
+    notes: list[str] = []
+    precision = method.precision
+    if precision == "auto":
+        precision = "fp32" if device == "cpu" else ("bf16-mixed" if half == torch.bfloat16 else "fp16-mixed")
+    half = {"bf16-mixed": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision,
+                                                                                                      torch.float32)
+    if method.kind == "infer":
+        load = half
+    elif precision == "fp32" or (precision.endswith("-mixed") and method.adapter == "none"):
+        load = torch.float32  # trainable full fine-tuning weights stay fp32 under mixed precision
+    else:
+        load = half  # frozen bases in half precision; bf16-pure: everything
+    quant = None
+    if method.quantization:
+        from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=half)
+        compute = half if half != torch.float32 else torch.float32
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=method.quantization,
+                                   bnb_4bit_use_double_quant=method.double_quant, bnb_4bit_compute_dtype=compute)
+    lora = None
+    if method.adapter == "lora":
+        from peft import LoraConfig
+
+        from profkit.methods import ALL_LINEAR
+
+        targets = ALL_LINEAR if method.lora_targets == (ALL_LINEAR,) else list(method.lora_targets)
+        lora = LoraConfig(r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
+                          target_modules=targets, task_type="CAUSAL_LM")
+    attention = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}[method.attention]
+    if method.attention == "flash" and device == "cpu":
+        attention = "sdpa"
+        notes.append("--attention flash on CPU: flash-attention 2 is CUDA-only; sdpa runs, which on CPU picks "
+                     "PyTorch's own flash kernel for CPU")
+    return ModelPlan(precision, load, half if precision.endswith("-mixed") else None, quant,
+                     bool(method.quantization) and method.kind == "train", method.gradient_checkpointing and
+                     method.kind == "train", lora, precision == "bf16-pure", attention, tuple(notes))
 
 
-def lora_config(method: Method):
-    from peft import LoraConfig
+def make_optimizer(method: Method, params: list):
+    """The method's optimizer over ``params``."""
+    if method.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=method.learning_rate)  # no momentum: no state
+    if method.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        import bitsandbytes as bnb
 
-    return LoraConfig(r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
-                      target_modules=list(method.lora_targets), task_type="CAUSAL_LM")
+        cls = bnb.optim.PagedAdamW8bit if method.optimizer == "paged-adamw-8bit" else bnb.optim.AdamW8bit
+        return cls(params, lr=method.learning_rate)
+    return torch.optim.AdamW(params, lr=method.learning_rate)
 
 
 def build_model(method: Method, settings: RunSettings, device: str):
-    """Load the model as ``method`` prescribes: dtype, NF4, k-bit preparation, LoRA, checkpointing (which
+    """Load the model as ``plan`` prescribes: dtype, 4-bit, k-bit preparation, LoRA, checkpointing (which
     the Trainer engine leaves to ``TrainingArguments``, as its users do)."""
     from transformers import AutoModelForCausalLM
 
+    p = plan(method, device)
     path = settings.model_path or materialize_preset(settings.preset)
-    half = half_dtype(device)
-    kwargs: dict[str, Any] = {"dtype": weight_dtype(method, half), "device_map": {"": device}}
-    if method.quantization == "nf4":
-        kwargs["quantization_config"] = nf4_config(half)
+    kwargs: dict[str, Any] = {"dtype": p.load_dtype, "device_map": {"": device}, "attn_implementation": p.attn_implementation}
+    if p.quantization is not None:
+        kwargs["quantization_config"] = p.quantization
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
 
     if method.kind == "infer":
@@ -176,16 +227,16 @@ def build_model(method: Method, settings: RunSettings, device: str):
         return model
 
     model.config.use_cache = False
-    if method.quantization:
+    if p.kbit_prep:
         from peft import prepare_model_for_kbit_training
         # Casts the remaining non-quantized weights (norms, embeddings) to fp32, as QLoRA users get it.
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    if method.gradient_checkpointing and settings.engine != "trainer":
+    if p.gradient_checkpointing and settings.engine != "trainer":
         # Non-reentrant checkpointing needs no input that requires grad, so it works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    if method.adapter == "lora":
+    if p.lora is not None:
         from peft import get_peft_model
-        model = get_peft_model(model, lora_config(method))
+        model = get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
     model.train()
     return model
 
@@ -199,38 +250,42 @@ class _MetaNF4Linear(torch.nn.Linear):
         return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
-def meta_model(method: Method, config, half: torch.dtype) -> tuple[Any, set[str]]:
-    """The model ``build_model`` would build, on the meta device (shapes and dtypes, no memory), and the
-    names of the parameters that would be stored in NF4. Used by the estimator; no weights needed."""
+def meta_model(method: Method, config, device: str, half: torch.dtype | None = None) -> tuple[Any, set[str], ModelPlan]:
+    """The model ``build_model`` would build, following the same ``plan``, on the meta device (shapes and dtypes,
+    no memory), and the names of the parameters that would be stored in 4 bits. Used by the estimator; no
+    weights needed."""
     from transformers import AutoModelForCausalLM
     from transformers.quantizers.base import get_keys_to_not_convert
     from transformers.quantizers.quantizers_utils import should_convert_module
 
+    p = plan(method, device, half)
+    attention = "sdpa" if p.attn_implementation == "flash_attention_2" else p.attn_implementation  # same saves
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=weight_dtype(method, half))
+        model = AutoModelForCausalLM.from_config(config, dtype=p.load_dtype, attn_implementation=attention)
     quantized_ids: set[int] = set()
-    if method.quantization == "nf4":
+    if p.quantization is not None:
         # transformers' own rule for which Linear layers bitsandbytes replaces.
         keep = get_keys_to_not_convert(model)
         for name, module in list(model.named_modules()):
             if type(module) is torch.nn.Linear and should_convert_module(name, keep):
                 module.__class__ = _MetaNF4Linear
                 quantized_ids.add(id(module.weight))
+    if p.kbit_prep:
         # What peft's prepare_model_for_kbit_training does to the weights that stay unquantized.
-        for p in model.parameters():
-            p.requires_grad_(False)
-            if id(p) not in quantized_ids and p.dtype in (torch.float16, torch.bfloat16):
-                p.data = p.data.float()
+        for prm in model.parameters():
+            prm.requires_grad_(False)
+            if id(prm) not in quantized_ids and prm.dtype in (torch.float16, torch.bfloat16):
+                prm.data = prm.data.float()
     model.config.use_cache = False
     if method.kind == "infer":
         model.requires_grad_(False)
         model.eval()
-    elif method.adapter == "lora":
+    elif p.lora is not None:
         from peft import get_peft_model
-        model = get_peft_model(model, lora_config(method))
+        model = get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
     if method.kind == "train":
         model.train()
-    return model, {n for n, p in model.named_parameters() if id(p) in quantized_ids}
+    return model, {n for n, prm in model.named_parameters() if id(prm) in quantized_ids}, p
 
 
 def _check_cpu_4bit_inference(model, device: str) -> None:
@@ -326,8 +381,8 @@ class Workload:
                 session.step()
 
 
-def _autocast(device: str):
-    return torch.autocast("cuda", dtype=half_dtype(device)) if device == "cuda" else nullcontext()
+def _autocast(device: str, dtype: torch.dtype | None):
+    return torch.autocast(device, dtype=dtype) if dtype is not None else nullcontext()
 
 
 def _init_process_group(device: str) -> None:
@@ -380,6 +435,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _setting_unsupported(method: Method, device: str) -> str | None:
+    """Why a command-line setting cannot run here, checked before any training."""
+    if method.zero_offload != "none" and device == "cpu":
+        return "--zero-offload moves state from the GPU to host memory; on CPU everything is in host memory already"
+    if method.attention == "flash" and device == "cuda":
+        try:
+            import flash_attn  # noqa: F401
+        except Exception as exc:
+            return f"--attention flash needs the flash-attn package, which failed to import: {exc}"
+    if method.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        try:
+            import bitsandbytes as bnb
+            probe = torch.nn.Parameter(torch.zeros(4096, device=device))
+            opt = make_optimizer(method, [probe])
+            probe.grad = torch.ones_like(probe)
+            opt.step()  # bitsandbytes' 8-bit optimizers need a kernel for this device: try one step
+        except Exception as exc:
+            return (f"--optimizer {method.optimizer}: bitsandbytes {getattr(bnb, '__version__', '?')} cannot step "
+                    f"it on {device} ({type(exc).__name__}: {str(exc)[:200]})")
+    return None
+
+
 def build(method: Method, settings: RunSettings, device: str) -> Workload:
     reason = unsupported_reason(method, device)
     if not reason and settings.engine == "trainer" and settings.nproc > 1 and device == "cpu":
@@ -387,6 +464,8 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
         # which turns DeepSpeed off: on CPU every rank would count itself as the only process.
         reason = ("the Trainer on several CPU ranks: accelerate, under the Trainer, sees one process per rank "
                   "unless use_cpu is set, and use_cpu turns DeepSpeed off; use --engine loop, or GPUs")
+    if not reason:
+        reason = _setting_unsupported(method, device)
     if reason:
         raise UnsupportedError(reason)
     torch.manual_seed(settings.seed)
@@ -399,19 +478,25 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
         return _trainer_workload(method, settings, device, tokenizer, model)
     batches = training_batches(tokenizer, settings, device, int(os.environ.get("RANK", 0)) if settings.nproc > 1 else 0)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=method.learning_rate)
+    optimizer = make_optimizer(method, trainable)
+    autocast = plan(method, device).autocast
     engine = None
     if method.zero_stage:
         import deepspeed
         _init_process_group(device)
+        zero: dict[str, Any] = {"stage": method.zero_stage}
+        if method.zero_offload != "none":
+            zero["offload_optimizer"] = {"device": "cpu"}
+            if method.zero_offload == "optimizer+params":
+                zero["offload_param"] = {"device": "cpu"}
         ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
-                     "zero_optimization": {"stage": method.zero_stage}, "zero_allow_untested_optimizer": True,
-                     "steps_per_print": 10**9}
+                     "zero_optimization": zero, "zero_allow_untested_optimizer": True,
+                     "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
 
     def step() -> None:
         batch = next(batches)
-        with _autocast(device):
+        with _autocast(device, autocast):
             loss = (engine or model)(**batch).loss
         if engine:
             engine.backward(loss)
@@ -424,7 +509,7 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
     return Workload(method, device, engine or model, optimizer, step, settings.batch_size * settings.seq_len)
 
 
-def trainer_deepspeed_config(stage: int) -> dict:
+def trainer_deepspeed_config(stage: int, offload: str = "none") -> dict:
     """The DeepSpeed config of a Trainer user: Hugging Face's documented ZeRO-2/3 templates, whose sizes are
     "auto" (the Trainer fills them from the model: reduce bucket = hidden_size^2, ZeRO-3 prefetch bucket =
     0.9 hidden_size^2, persistence threshold = 10 hidden_size) and precision follows TrainingArguments."""
@@ -436,10 +521,18 @@ def trainer_deepspeed_config(stage: int) -> dict:
         zero.update(sub_group_size=1e9, stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
                     stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9,
                     stage3_gather_16bit_weights_on_model_save=True)
+    if offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if offload == "optimizer+params":
+            zero["offload_param"] = {"device": "cpu"}
     return {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}, "zero_optimization": zero,
             "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
             "train_micro_batch_size_per_gpu": "auto", "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9}
+
+
+TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
+                 "sgd": "sgd"}
 
 
 def _trainer_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
@@ -451,7 +544,7 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
 
     blocks = token_blocks(tokenizer, settings)
     dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
-    half = half_dtype(device)
+    p = plan(method, device)
     if method.zero_stage:
         _init_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
@@ -459,11 +552,11 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
         # Room for the memory cycles the session may run again; it stops the Trainer once it has what it needs.
         output_dir=out_dir, per_device_train_batch_size=settings.batch_size,
         max_steps=settings.total_steps + (MEMORY_CYCLE_ATTEMPTS - 1) * (1 + settings.memory_steps),
-        learning_rate=method.learning_rate, lr_scheduler_type="constant", optim="adamw_torch",
+        learning_rate=method.learning_rate, lr_scheduler_type="constant", optim=TRAINER_OPTIM[method.optimizer],
         gradient_checkpointing=method.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,
-        bf16=device == "cuda" and half == torch.bfloat16, fp16=device == "cuda" and half == torch.float16,
-        use_cpu=device == "cpu" and not method.zero_stage, deepspeed=trainer_deepspeed_config(method.zero_stage)
+        bf16=p.autocast == torch.bfloat16, fp16=p.autocast == torch.float16,
+        use_cpu=device == "cpu" and not method.zero_stage, deepspeed=trainer_deepspeed_config(method.zero_stage, method.zero_offload)
         if method.zero_stage else None, seed=settings.seed, data_seed=settings.seed, report_to="none",
         save_strategy="no", logging_strategy="no", disable_tqdm=True, remove_unused_columns=False,
         dataloader_pin_memory=device == "cuda")
@@ -484,13 +577,14 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
 def _inference_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
     prompts = inference_prompts(tokenizer, settings, device)
     new_tokens = settings.max_new_tokens
+    autocast = plan(method, device).autocast
 
     @torch.inference_mode()
     def step() -> None:
         # Inference has no optimizer step for the session to time data loading against: labelled here.
         with record_function(labels.DATA):
             input_ids = next(prompts)
-        with record_function(labels.GENERATE), _autocast(device):
+        with record_function(labels.GENERATE), _autocast(device, autocast):
             # min_new_tokens = max_new_tokens: every step generates the same count, so tokens/s compare.
             model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,

@@ -4,10 +4,12 @@ from dataclasses import replace
 
 import pytest
 
-from profkit.methods import METHODS, UnknownMethodError, get_method, qlora, resolve, with_gc
+from profkit.methods import (METHODS, OverrideError, UnknownMethodError, get_method, qlora, resolve, with_gc,
+                             with_overrides)
 
 TRAINING = ["full", "full_gc", "lora", "lora_gc", "qlora", "qlora_gc", "lora_zero2", "lora_zero3", "lora_zero2_gc",
-            "lora_zero3_gc", "qlora_zero2", "qlora_zero3", "qlora_zero2_gc", "qlora_zero3_gc"]
+            "lora_zero3_gc", "qlora_zero2", "qlora_zero3", "qlora_zero2_gc", "qlora_zero3_gc", "full_zero2",
+            "full_zero3", "full_zero2_gc", "full_zero3_gc"]
 
 
 def test_registry_has_the_study_matrix():
@@ -45,3 +47,27 @@ def test_analysis_imports_no_torch():
     code = ("import sys, profkit.analyze, profkit.report.tables; "
             "assert 'torch' not in sys.modules, 'analysis must run without torch'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("method, overrides, message", [
+    ("full", {"lora_rank": 16}, "--lora-rank applies to LoRA methods; full trains no adapter"),
+    ("lora", {"quant_type": "fp4"}, "--quant-type applies to 4-bit methods"),
+    ("lora", {"double_quant": False}, "--double-quant applies to 4-bit methods"),
+    ("lora", {"zero_offload": "optimizer"}, "--zero-offload applies to ZeRO methods"),
+    ("lora_zero2", {"zero_offload": "optimizer+params"}, "ZeRO-3 only"),
+    ("infer_fp16", {"optimizer": "sgd"}, "applies to training methods"),
+    ("lora", {"optimizer": "lion"}, "valid values are adamw, adamw-8bit, paged-adamw-8bit, sgd"),
+    ("lora", {"lora_targets": "all-linear,q_proj"}, "all-linear stands alone"),
+    ("lora", {"lora_dropout": 1.5}, "a dropout probability"),
+])
+def test_a_setting_that_makes_no_sense_for_the_method_is_refused(method, overrides, message):
+    with pytest.raises(OverrideError, match=message.replace("+", r"\+")):
+        with_overrides(get_method(method), **overrides)
+
+
+def test_overrides_name_the_run_and_keep_the_registry_name():
+    m = with_overrides(get_method("qlora_gc"), lora_rank=64, lora_targets="all-linear", optimizer="paged-adamw-8bit")
+    assert m.name == "qlora_gc" and m.label == "qlora_gc-r64-all-linear-paged-adamw-8bit"
+    assert m.lora_r == 64 and m.lora_targets == ("all-linear",) and m.settings()["optimizer"] == "paged-adamw-8bit"
+    same = with_overrides(get_method("lora"), lora_rank=8, optimizer="adamw")  # the registry's own values
+    assert same.label == "lora" and same == get_method("lora")

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from profkit.cli import method_options as mo
 from profkit.cli.common import Format, chunks, fail_usage
 from profkit.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
@@ -54,6 +55,11 @@ def estimate(
     world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO partitions across."),
     device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    lora_rank: Optional[int] = mo.LORA_RANK, lora_alpha: Optional[int] = mo.LORA_ALPHA,
+    lora_dropout: Optional[float] = mo.LORA_DROPOUT, lora_targets: Optional[str] = mo.LORA_TARGETS,
+    quant_type: Optional[str] = mo.QUANT_TYPE, double_quant: Optional[bool] = mo.DOUBLE_QUANT,
+    precision: Optional[str] = mo.PRECISION, optimizer: Optional[str] = mo.OPTIMIZER,
+    attention: Optional[str] = mo.ATTENTION, zero_offload: Optional[str] = mo.ZERO_OFFLOAD,
 ) -> None:
     """Predict each memory category of training methods without running a step (the model is built on the
     meta device: no weights, no memory)."""
@@ -63,6 +69,8 @@ def estimate(
         fail_usage(str(exc))
     if not chosen:
         fail_usage(f"name at least one method, or --all; training methods: {', '.join(TRAINING)}")
+    chosen, _ = mo.apply(chosen, lora_rank, lora_alpha, lora_dropout, lora_targets, quant_type, double_quant,
+                         precision, optimizer, attention, zero_offload)
     settings = workload_settings(preset, model, batch_size, seq_len)
     estimates = run_estimates(chosen, settings, device, world_size)
 

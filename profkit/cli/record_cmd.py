@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit import runner
+from profkit.cli import method_options as mo
 from profkit.cli.common import fail_usage
 from profkit.exitcodes import Exit
 from profkit.report.units import human_bytes
@@ -77,6 +78,11 @@ def record(
                                              "partitions across them. Each rank records into rank<k>/ of the run."),
     engine: str = typer.Option("loop", help="loop: profkit's own training loop; trainer: transformers.Trainer with "
                                             "profkit's callback and a DeepSpeed config with Hugging Face's \"auto\" sizes."),
+    lora_rank: Optional[int] = mo.LORA_RANK, lora_alpha: Optional[int] = mo.LORA_ALPHA,
+    lora_dropout: Optional[float] = mo.LORA_DROPOUT, lora_targets: Optional[str] = mo.LORA_TARGETS,
+    quant_type: Optional[str] = mo.QUANT_TYPE, double_quant: Optional[bool] = mo.DOUBLE_QUANT,
+    precision: Optional[str] = mo.PRECISION, optimizer: Optional[str] = mo.OPTIMIZER,
+    attention: Optional[str] = mo.ATTENTION, zero_offload: Optional[str] = mo.ZERO_OFFLOAD,
 ) -> None:
     """Record methods under torch.profiler, each in a fresh process, into OUTPUT/<method>/."""
     try:
@@ -103,12 +109,14 @@ def record(
                    f"{nproc} independent copies")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
+    chosen, overrides = mo.apply(chosen, lora_rank, lora_alpha, lora_dropout, lora_targets, quant_type, double_quant,
+                                 precision, optimizer, attention, zero_offload)
 
     base = RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
                        dataset_path=str(dataset.resolve()) if dataset else None, device=device,
                        batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens,
                        warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps, engine=engine,
-                       nproc=nproc)
+                       nproc=nproc, overrides=overrides)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
