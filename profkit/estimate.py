@@ -272,6 +272,15 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
 
 def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int = 1,
              target: Target = "cuda", model_name: str = "", engine: str = "loop") -> Estimate:
+    from profkit.quiet import library_output
+
+    # peft, bitsandbytes and DeepSpeed announce themselves at import and warn about their own deprecations.
+    with library_output():
+        return _estimate(method, config, batch_size, seq_len, world_size, target, model_name, engine)
+
+
+def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int, target: Target,
+              model_name: str, engine: str) -> Estimate:
     from profkit import workload
 
     if method.zero_stage and method.optimizer != "adamw" and engine == "trainer":

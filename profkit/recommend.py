@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-COLUMNS = ["method", "source", "peak_bytes", "step_time_s", "tokens_per_s", "fits"]
+COLUMNS = ["method", "source", "peak_bytes", "step_time_s", "tokens_per_s", "time_costs", "fits"]
+# What each memory-saving measure is known to cost in time, heaviest first, for ranking methods no one has run:
+# ZeRO-3 gathers every layer's weights in forward and again in backward; 4-bit weights are dequantized at every
+# use; gradient checkpointing runs the forward a second time; ZeRO-2 adds bucketed reductions and copies;
+# 8-bit and paged optimizers (de)quantize their state each step; offload moves state over PCIe every step.
+TIME_COSTS = {"zero_offload": 5, "zero3": 4, "quantization": 3, "gradient_checkpointing": 3, "zero2": 1,
+              "8bit_optimizer": 1}
 
 
 def from_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
@@ -17,20 +23,44 @@ def from_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS[:-1])
     ok = runs[(runs.status == "ok") & runs.measured_peak_bytes.notna()]
     return pd.DataFrame({"method": ok.method, "source": "measured", "peak_bytes": ok.measured_peak_bytes.astype("int64"),
-                         "step_time_s": ok.clean_step_time_s, "tokens_per_s": ok.tokens_per_s}).reset_index(drop=True)
+                         "step_time_s": ok.clean_step_time_s, "tokens_per_s": ok.tokens_per_s,
+                         "time_costs": [[] for _ in range(len(ok))]}).reset_index(drop=True)
+
+
+def time_costs(settings: dict) -> list[str]:
+    """The measures a method's settings take that are known to cost time, heaviest first."""
+    found = []
+    if settings.get("zero_offload", "none") != "none":
+        found.append("zero_offload")
+    if settings.get("zero_stage") == 3:
+        found.append("zero3")
+    if settings.get("quantization"):
+        found.append("quantization")
+    if settings.get("gradient_checkpointing"):
+        found.append("gradient_checkpointing")
+    if settings.get("zero_stage") == 2:
+        found.append("zero2")
+    if "8bit" in str(settings.get("optimizer", "")):
+        found.append("8bit_optimizer")
+    return found
 
 
 def from_estimates(estimates) -> pd.DataFrame:
     return pd.DataFrame([{"method": e.method, "source": "estimated", "peak_bytes": e.peak_bytes,
-                          "step_time_s": None, "tokens_per_s": None} for e in estimates], columns=COLUMNS[:-1])
+                          "step_time_s": None, "tokens_per_s": None,
+                          "time_costs": time_costs(e.settings.get("method", {}))} for e in estimates],
+                        columns=COLUMNS[:-1])
 
 
 def rank(candidates: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
-    """Every candidate with ``fits``; those that fit first: measured ones by step time, then estimated ones
-    by predicted peak, largest first (the fewest memory-saving measures, which each cost time: recompute,
-    dequantization, ZeRO's copies). Those that do not fit follow, closest to the budget first."""
-    c = candidates.assign(fits=candidates.peak_bytes <= budget_bytes,
-                          _measured=candidates.source == "measured")
-    fit = c[c.fits].sort_values(["_measured", "step_time_s", "peak_bytes"], ascending=[False, True, False])
+    """Every candidate with ``fits``; those that fit first: measured ones by step time, then estimated ones by
+    what their memory-saving measures are known to cost in time (``TIME_COSTS``: fewer and lighter first; the
+    larger peak breaks ties) -- an order from knowledge, not a measurement. Those that do not fit follow,
+    closest to the budget first."""
+    cost = candidates.time_costs.map(lambda found: (len(found), sum(TIME_COSTS[m] for m in found)))
+    c = candidates.assign(fits=candidates.peak_bytes <= budget_bytes, _measured=candidates.source == "measured",
+                          _n=cost.map(lambda x: x[0]), _weight=cost.map(lambda x: x[1]))
+    fit = c[c.fits].sort_values(["_measured", "step_time_s", "_n", "_weight", "peak_bytes"],
+                                ascending=[False, True, True, True, False])
     rest = c[~c.fits].sort_values("peak_bytes")
     return pd.concat([fit, rest], ignore_index=True)[COLUMNS]

@@ -8,7 +8,6 @@ that status, and an incomplete run never replaces a complete one (``store.commit
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess

@@ -28,7 +28,6 @@ out-of-memory error, ``interrupted`` for Ctrl-C), each with what it captured.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
 import resource
@@ -36,7 +35,6 @@ import statistics
 import sys
 import threading
 import time
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable
@@ -48,6 +46,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from profkit import describe, labels, store
 from profkit.inventory import take_inventory
+from profkit.quiet import library_output
 from profkit.manifest import RunRecord, new_record, now
 from profkit.methods import Method
 
@@ -411,28 +410,9 @@ class Session:
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self._last_loss = loss.detach()
 
-    @contextlib.contextmanager
     def _native_output(self):
-        """Kineto's native code prints progress lines and the profiler warns about its own deprecations: into the
-        run's profiler.log, not the user's terminal. File descriptors, because native code bypasses sys.stderr."""
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = [os.dup(1), os.dup(2)]
-        try:
-            with open(self.run_dir.profiler_log, "ab") as log, warnings.catch_warnings():
-                warnings.simplefilter("always")
-                warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: log.write(
-                    warnings.formatwarning(message, category, filename, lineno, line).encode())
-                os.dup2(log.fileno(), 1)
-                os.dup2(log.fileno(), 2)
-                yield
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            for fd in saved:
-                os.close(fd)
+        """Kineto's native progress lines and the profiler's deprecation warnings: into the run's profiler.log."""
+        return library_output(self.run_dir.profiler_log)
 
     def _sync(self) -> None:
         if self.cuda:
@@ -655,7 +635,6 @@ def _agree_on(path: Path | None) -> Path:
 
 
 def device_info(device: str) -> dict:
-    import os
     import platform
 
     info = {"type": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),

@@ -133,3 +133,14 @@ def test_parse_bytes():
     assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("7.5 GB") == 7_500_000_000 and parse_bytes("512") == 512
     with pytest.raises(ValueError, match="not a size"):
         parse_bytes("eight gigs")
+
+
+def test_recommend_without_runs_orders_by_known_time_costs_not_by_peak():
+    """The larger-peak-first order put qlora_zero3 first on one GPU; fewer and lighter measures come first now."""
+    result = run_cli("recommend", "--budget", "24GB", "--preset", "llama-3.2-3b", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    order = [line.split("│")[2].strip() for line in result.stdout.splitlines() if "│ estimated" in line]
+    assert order[0] in ("full", "lora") and order.index("lora") < order.index("qlora_zero3_gc")
+    assert order.index("lora_gc") < order.index("lora_zero3_gc") < order.index("qlora_zero3_gc")
+    assert not result.stderr.strip()  # no library chatter
+    assert "not a measurement" in result.stdout.replace("\n", " ")

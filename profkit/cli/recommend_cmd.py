@@ -81,18 +81,22 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str) -> Non
     table = Table(title=f"Training methods within {human_bytes(budget_bytes)}: "
                         f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, {target}")
     for col in ("rank", "method", "peak memory", "step time", "tokens/s", "source"):
-        table.add_column(col, justify="right" if col not in ("method", "source") else "left")
+        table.add_column(col, justify="right" if col not in ("method", "source") else "left",
+                         no_wrap=col == "method")
     shown = fits if not fits.empty else ranked.head(3)
     for i, r in enumerate(shown.itertuples(), 1):
         table.add_row(str(i) if r.fits else "-", r.method, human_bytes(r.peak_bytes), human_seconds(r.step_time_s),
                       f"{r.tokens_per_s:,.0f}" if r.tokens_per_s == r.tokens_per_s and r.tokens_per_s is not None else "-",
-                      "measured" if r.source == "measured" else "estimated (no run)")
+                      "measured" if r.source == "measured" else
+                      "estimated: " + (", ".join(c.replace("_", " ") for c in r.time_costs) or "no time cost"))
     if fits.empty:
         out.print(f"[red]Nothing fits {human_bytes(budget_bytes)}.[/] The closest:", highlight=False)
     out.print(table)
     if (shown.source == "estimated").any():
-        out.print("[dim]estimated: predicted peak from `profkit estimate` (no step time without a run: among those, "
-                  "the larger peak, i.e. fewer memory-saving measures, comes first); record them to rank by speed[/]",
-                  highlight=False)
+        out.print("[dim]estimated: predicted peak from `profkit estimate`. Without a run there is no step time: "
+                  "these are ordered by what their memory-saving measures are known to cost (fewer first; "
+                  "ZeRO-Offload, ZeRO-3's gathers, 4-bit dequantization and checkpointing's recompute before "
+                  "ZeRO-2's bookkeeping and 8-bit optimizer state), which is not a measurement; record them to "
+                  "rank by speed[/]", highlight=False)
     if (shown.source == "measured").any():
         out.print("[dim]measured: peak from `profkit breakdown`, clean step time from the recording[/]", highlight=False)
