@@ -3,6 +3,7 @@ exact counts on the 3B preset's meta model, and bad input."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +145,15 @@ def test_recommend_without_runs_orders_by_known_time_costs_not_by_peak():
     assert order.index("lora_gc") < order.index("lora_zero3_gc") < order.index("qlora_zero3_gc")
     assert not result.stderr.strip()  # no library chatter
     assert "not a measurement" in result.stdout.replace("\n", " ")
+
+
+def test_the_estimate_against_published_measured_peaks():
+    """Figures measured by others on GPUs (tests/data/published/peaks.csv, sources and settings there): the LoRA
+    rows, whose setup the estimate models as run, within 10%; every row within 20%; none physically impossible."""
+    from profkit.published import compare
+
+    table = compare(Path(__file__).parent / "data" / "published" / "peaks.csv")
+    assert len(table) >= 7 and table.possible.all()
+    lora = table[table.method.str.startswith("lora")]
+    assert (lora.error.abs() <= 0.10).all(), lora[["model", "method", "error"]]
+    assert (table.error.abs() <= 0.20).all(), table[["model", "method", "error"]]
