@@ -40,8 +40,10 @@ def _terminal_session() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_view(traces: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "profkit", "view", str(traces)], stdout=subprocess.DEVNULL,
+def start_view(traces: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """``profkit view TRACES ARGS`` (default here: ``--tensorboard``), and the URL it prints."""
+    args = args or ("--tensorboard",)
+    proc = subprocess.Popen([sys.executable, "-m", "profkit", "view", str(traces), *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_terminal_session)
     deadline = time.time() + 180
     while time.time() < deadline:
