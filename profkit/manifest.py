@@ -61,6 +61,9 @@ class RunRecord:
     world_size: int = 1
     rank: int | None = None  # set on one rank's record (in the run's rank<k>/ directory)
     ranks: list = field(default_factory=list)  # on a multi-rank run's record: {rank, status, reason} per rank
+    repeats: int = 1  # a run recorded several times: each repetition is a run of its own in rep<k>/
+    repetition: int | None = None  # set on one repetition's record
+    repetitions: list = field(default_factory=list)  # on the run's record: {repetition, status, reason} each
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -97,29 +100,33 @@ class RunRecord:
 
 
 def combine(run: RunRecord, world_size: int, rank_records: dict[int, RunRecord | None],
-            missing_reason: str = "it ended without writing its manifest", cause: int | None = None) -> RunRecord:
+            missing_reason: str = "it ended without writing its manifest", cause: int | None = None,
+            unit: str = "rank") -> RunRecord:
     """The record of a run of ``world_size`` ranks from each rank's own (None: that rank wrote none). The run is
     ``ok`` only if every rank is, so no partial multi-rank run can look complete. Otherwise it names one rank and
     takes its status: ``cause`` (the launcher's first observed failure) if given, else a rank that died without a
     record, then one that ran out of memory, failed, ... -- the others usually failed because it did (a
     collective's peer vanished) or were stopped by the launcher."""
-    run.world_size = world_size
-    run.ranks = []
+    parts = []
     for k in range(world_size):
         rec = rank_records.get(k)
         status, reason = (rec.status, rec.reason) if rec is not None else ("failed", missing_reason)
-        run.ranks.append({"rank": k, "status": status, "reason": reason})
+        parts.append({unit: k, "status": status, "reason": reason})
+    if unit == "rank":
+        run.world_size, run.ranks = world_size, parts
+    else:  # repetitions of one run, one after another
+        run.repeats, run.repetitions = world_size, parts
     severity = {"oom": 1, "failed": 2, "unsupported": 3, "interrupted": 4, "incomplete": 5, "ok": 6}
-    worst = min(run.ranks, key=lambda r: (r["rank"] != cause or r["status"] == "ok",
-                                          0 if rank_records.get(r["rank"]) is None else severity[r["status"]],
-                                          r["rank"]))
+    worst = min(parts, key=lambda r: (r[unit] != cause or r["status"] == "ok",
+                                      0 if rank_records.get(r[unit]) is None else severity[r["status"]],
+                                      r[unit]))
     if worst["status"] == "ok":
         run.status, run.reason = "ok", None
     else:
-        others = [r["rank"] for r in run.ranks if r["status"] != "ok" and r is not worst]
+        others = [r[unit] for r in parts if r["status"] != "ok" and r is not worst]
         run.status = worst["status"]
-        run.reason = (f"rank {worst['rank']} of {world_size}: {worst['reason'] or worst['status']}"
-                      + (f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} also did not "
+        run.reason = (f"{unit} {worst[unit]} of {world_size}: {worst['reason'] or worst['status']}"
+                      + (f" ({unit}{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} also did not "
                          "finish)" if others else ""))
     first = rank_records.get(0)
     if first is not None:  # rank 0 speaks for what is the same on every rank

@@ -80,6 +80,37 @@ def worker_command(settings: RunSettings, partial: store.RunDir, events: Path) -
 
 def record_one(method: Method, settings: RunSettings, root: Path, observer: Observer) -> Outcome:
     partial = store.new_partial(root, settings.run)
+    if settings.repeats > 1:
+        return _record_repetitions(method, settings, root, partial, observer)
+    record = _record_into(method, settings, partial, observer)
+    final = store.commit(partial, root, settings.run)
+    return Outcome(method.label, record.status, record.reason, final.path, record)
+
+
+def _record_repetitions(method: Method, settings: RunSettings, root: Path, partial: store.RunDir,
+                        observer: Observer) -> Outcome:
+    """The run ``repeats`` times, each in fresh processes, into ``rep<k>/``: one run whose record lists every
+    repetition, ``ok`` only if each is. Stops at the first repetition that is interrupted."""
+    once = replace(settings, repeats=1)
+    for k in range(settings.repeats):
+        rep = partial.repetition(k)
+        rep.path.mkdir()
+        done = _record_into(method, once, rep, observer)
+        if done.status == "interrupted":
+            break
+    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
+                        run_settings=settings.to_json())
+    combine(record, settings.repeats, partial.read_rank_records(settings.repeats, unit="repetition"),
+            "not recorded (an earlier repetition was interrupted)", unit="repetition")
+    record.finished_at = now()
+    record.files = sorted(p.name for p in partial.path.iterdir() if not p.name.startswith("."))
+    partial.write_manifest(record.to_json())
+    final = store.commit(partial, root, settings.run)
+    return Outcome(method.label, record.status, record.reason, final.path, record)
+
+
+def _record_into(method: Method, settings: RunSettings, partial: store.RunDir, observer: Observer) -> RunRecord:
+    """One recording of the run (one process, or one per rank under torchrun) into ``partial``; its record."""
     events = partial.path / ".events"
     events.touch()
     with open(partial.log, "w") as log:
@@ -112,8 +143,7 @@ def record_one(method: Method, settings: RunSettings, root: Path, observer: Obse
         except store.ManifestError:  # the worker died before writing it, or while writing it
             record = _record_for_dead_worker(method, settings, proc.returncode, interrupted, partial)
             partial.write_manifest(record.to_json())
-    final = store.commit(partial, root, settings.run)
-    return Outcome(method.label, record.status, record.reason, final.path, record)
+    return record
 
 
 def _follow(path: Path, proc: subprocess.Popen):

@@ -26,6 +26,7 @@ class RunSettings:
     engine: str = "loop"  # loop: profkit's own training loop; trainer: transformers.Trainer with profkit's callback
     nproc: int = 1  # ranks, each its own process under torchrun; ZeRO partitions across them
     overrides: dict = field(default_factory=dict)  # method settings from the command line (lora_rank=16, ...)
+    repeats: int = 1  # repetitions of the whole run, each in a fresh process: the spread between processes
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""

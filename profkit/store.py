@@ -12,6 +12,8 @@ Layout (one TensorBoard run per method; the two profiling cycles are its two wor
     traces/<run>/profiler.log                 what the profiler's native code printed
     traces/<run>/rank<k>/...                  a run of several ranks: each rank's own run directory (the
                                               files above); the run's manifest describes every rank
+    traces/<run>/rep<k>/...                   a run recorded several times (--repeats): each repetition's own
+                                              run directory (ranks inside it, if any)
 
 A run is recorded into ``traces/.<run>.partial-<pid>/`` and renamed into place by ``commit``; a
 directory without a manifest, or under a partial name, is never a complete run.
@@ -39,6 +41,7 @@ LOG = "record.log"
 PROFILER_LOG = "profiler.log"
 PARTIAL_MARK = ".partial-"
 RANK_PREFIX = "rank"
+REPETITION_PREFIX = "rep"
 ATTEMPTS_DIR = ".attempts"
 DEFAULT_ROOT = Path("traces")
 
@@ -83,12 +86,15 @@ class RunDir:
     def rank(self, k: int) -> "RunDir":
         return RunDir(self.path / f"{RANK_PREFIX}{k}")
 
-    def read_rank_records(self, world_size: int) -> dict[int, RunRecord | None]:
-        """Each rank's own record; None for a rank whose manifest is missing or unreadable."""
+    def repetition(self, k: int) -> "RunDir":
+        return RunDir(self.path / f"{REPETITION_PREFIX}{k}")
+
+    def read_rank_records(self, world_size: int, unit: str = "rank") -> dict[int, RunRecord | None]:
+        """Each rank's (or repetition's) own record; None where the manifest is missing or unreadable."""
         out: dict[int, RunRecord | None] = {}
         for k in range(world_size):
             try:
-                out[k] = self.rank(k).read_record()
+                out[k] = (self.rank(k) if unit == "rank" else self.repetition(k)).read_record()
             except ManifestError:
                 out[k] = None
         return out

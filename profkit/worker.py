@@ -40,6 +40,9 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
     settings = settings.resolved()
     record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
                         run_settings=settings.to_json(), world_size=settings.nproc, rank=rank)
+    for part in (run_dir.path, run_dir.path.parent):  # rep<k>/ or rep<k>/rank<j>/: one repetition of a run
+        if part.name.startswith("rep") and part.name[3:].isdigit():
+            record.repetition = int(part.name[3:])
     emit(event="start", total_steps=settings.total_steps)
     sessions: list = []
     try:

@@ -30,7 +30,9 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "allocator_cached_free_bytes", "allocator_fragmentation_bytes", "largest_free_block_bytes",
                "device", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s", "gpu_step_time_s",
                "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
-               "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s"]
+               "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s",
+               "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
+               "repetition_of", "repetition"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class Breakdown:
     trace_memory: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, method, device, phase, category, ...
     trace_memory_peaks: pd.DataFrame = field(default_factory=pd.DataFrame)
     memory_over_time: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, device, t_s, allocated/reserved
+    # Host seconds of each category in each profiled step (run, method, category, step, seconds): the spread
+    # that a difference between runs must exceed to be more than noise (profkit.analyze.noise).
+    time_per_step: pd.DataFrame = field(default_factory=pd.DataFrame)
     # CUDA runs: the allocator snapshot profkit dumped (memory_snapshot.pickle, or oom_snapshot.pickle), analysed.
     snapshots: dict = field(default_factory=dict)  # run -> profkit.analyze.snapshot.SnapshotAnalysis
 
@@ -112,8 +117,11 @@ def _run_sources(path: Path) -> list[Source]:
         record = store.RunDir(path).read_record()
     except ManifestError:
         return [Source(path.name, path, True)]  # reported as unreadable by the analysis
-    if record.world_size <= 1 or not record.complete:
+    if not record.complete or (record.world_size <= 1 and record.repeats <= 1):
         return [Source(path.name, path, True)]
+    if record.repeats > 1:  # each repetition, itself perhaps a run of several ranks
+        return [Source(f"{path.name}/{src.run}", src.path, True) for k in range(record.repeats)
+                for src in _run_sources(store.RunDir(path).repetition(k).path)]
     return [Source(f"{path.name}/{rank.path.name}", rank.path, True)
             for rank in (store.RunDir(path).rank(k) for k in range(record.world_size))]
 
@@ -169,7 +177,7 @@ class _Collected:
         self.runs: list[dict] = []
         self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in (
             "memory", "time", "time_by_name", "measured", "predicted", "trace_memory", "trace_memory_peaks",
-            "memory_over_time")}
+            "memory_over_time", "time_per_step")}
         self.notes: dict[str, list[str]] = {}
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
@@ -219,6 +227,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         trace_memory=c.frame("trace_memory", ["run", "method", *LIVE_COLUMNS]),
         trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
         memory_over_time=c.frame("memory_over_time"),
+        time_per_step=c.frame("time_per_step", ["run", "method", "category", "step", "seconds"]),
     )
 
 
@@ -300,6 +309,10 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         row.update(method=method, kind=record.kind, engine=record.engine, settings=record.settings,
                    status=record.status, reason=record.reason, device=record.device.get("type"),
                    clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"))
+        if record.repetition is not None or src.path.name.startswith(store.REPETITION_PREFIX):
+            row.update(repetition_of=src.path.parent.name, repetition=record.repetition)
+        if timings.get("step_times_s"):
+            row.update(clean_step_min_s=min(timings["step_times_s"]), clean_step_max_s=max(timings["step_times_s"]))
         _allocator_snapshot(src, run_dir, row, c, notes, problems)
         if record.status != "ok":
             return row  # shown with its status, never as zeros
@@ -314,6 +327,10 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         t = analyze_time(trace)
         c.add("time", t.rows, src.run, method)
         c.add("time_by_name", t.by_name, src.run, method)
+        c.add("time_per_step", t.per_step, src.run, method)
+        if t.windows:
+            lengths = [(b - a) / 1e6 for a, b in t.windows]
+            row.update(profiled_step_min_s=min(lengths), profiled_step_max_s=max(lengths))
         row.update(profiled_step_time_s=t.step_time_s, gpu_step_time_s=t.gpu_window_s, profiled_steps=t.n_steps,
                    coverage_cpu=t.coverage("cpu"), coverage_gpu=t.coverage("gpu") if t.gpu_window_s else None,
                    communication_exposed_s=t.communication_exposed_s,

@@ -62,6 +62,8 @@ class TimeResult:
     # Per step: communication that nothing hid (exposed) and the part that ran under compute (overlapped).
     communication_exposed_s: float = 0.0
     communication_overlapped_s: float = 0.0
+    # Host time of each category in each profiled step (category, step, seconds): the step-to-step spread.
+    per_step: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def coverage(self, resource: str = "cpu") -> float:
         mine = (self.rows.resource == resource).to_numpy()
@@ -244,9 +246,13 @@ def analyze_time(trace: Trace) -> TimeResult:
     labels_of = np.asarray(trace.names + [f"idle: {r}" for r in IDLE_REASONS], dtype=object)
     by_name.insert(2, "name", labels_of[by_name.pop("name_id").astype(np.int64)])
     ops = HostOps(host, np.asarray(parents, dtype=np.int64), phase, np.array(context_cat, dtype=object))
+    step_of = np.searchsorted(starts, trace.ts[host[counted]], side="right") - 1
+    per_step = _sum_by({"category": parts[0]["category"], "step": step_of, "us": parts[0]["us"]},
+                       ["category", "step"], ["us"])
+    per_step = per_step.assign(seconds=per_step.pop("us") / 1e6)
     return TimeResult(summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), step_s,
                       gpu_window_s, n_steps, notes, ops, windows, float(exposed_us) / n_steps / 1e6,
-                      float(overlapped_us) / n_steps / 1e6)
+                      float(overlapped_us) / n_steps / 1e6, per_step)
 
 
 NOT_WORK = ("communication", "host_overhead", "other", "data")

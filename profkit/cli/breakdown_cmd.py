@@ -84,6 +84,19 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     for line in reasons:  # below the table, where a long reason can wrap without squeezing the columns
         out.print(f"  {escape(line)}", highlight=False)
 
+    spread = bd.runs[bd.runs.clean_step_min_s.notna() | bd.runs.profiled_step_min_s.notna()]
+    if len(spread):
+        t = Table(title="Step times: min / median / max", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption="clean: the timed steps, no profiler; profiled: the time cycle's steps")
+        t.add_column("run", no_wrap=True)
+        t.add_column("clean", justify="right", no_wrap=True)
+        t.add_column("profiled", justify="right", no_wrap=True)
+        for _, r in spread.iterrows():
+            t.add_row(str(r["run"]), " / ".join(human_seconds(r.get(k)) for k in (
+                "clean_step_min_s", "clean_step_time_s", "clean_step_max_s")), " / ".join(human_seconds(r.get(k)) for k in (
+                "profiled_step_min_s", "profiled_step_time_s", "profiled_step_max_s")))
+        out.print(t)
+
     mem = tables.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
     for chunk in chunks([r for r in bd.runs.run if r in mem.index], out.width) if not mem.empty else []:

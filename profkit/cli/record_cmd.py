@@ -74,6 +74,9 @@ def record(
     steps: int = typer.Option(5, min=1, help="Timed steps without the profiler (step time, tokens/s)."),
     profiled_steps: int = typer.Option(2, min=1, help="Active steps of the time-profiling cycle."),
     output: Path = typer.Option(DEFAULT_ROOT, "--output", "-o", help="Directory that receives one run per method."),
+    repeats: int = typer.Option(1, min=1, help="Record each method this many times, each in fresh processes, as "
+                                               "repetitions of one run (rep<k>/): the spread that comparisons "
+                                               "must exceed."),
     nproc: int = typer.Option(1, min=1, help="Ranks to launch with torchrun (gloo on CPU, NCCL on GPUs); ZeRO "
                                              "partitions across them. Each rank records into rank<k>/ of the run."),
     engine: str = typer.Option("loop", help="loop: profkit's own training loop; trainer: transformers.Trainer with "
@@ -116,7 +119,7 @@ def record(
                        dataset_path=str(dataset.resolve()) if dataset else None, device=device,
                        batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens,
                        warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps, engine=engine,
-                       nproc=nproc, overrides=overrides)
+                       nproc=nproc, overrides=overrides, repeats=repeats)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:

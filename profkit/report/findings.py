@@ -23,6 +23,7 @@ PLAIN_LORA = {"kind": "train", "adapter": "lora", "quantization": None, "zero_st
 
 class _View:
     def __init__(self, bd: Breakdown):
+        self.bd = bd
         self.records = bd.records
         self.runs = bd.runs.set_index("run") if not bd.runs.empty else pd.DataFrame()
         self.mem = tables.memory_at(bd)
@@ -44,6 +45,18 @@ class _View:
 
     def clean(self, run: str) -> float:
         return float(self.runs.loc[run, "clean_step_time_s"])
+
+    def clean_change(self, a: str, b: str) -> str:
+        """b's clean step time against a's, or that they do not measurably differ (within the spread of the
+        timed steps of both runs)."""
+        from profkit.analyze import noise
+
+        diff = noise.clean_step(self.bd, a, b)
+        if not diff.measurable:
+            return (f"no measurable difference in clean step time ({human_seconds(self.clean(b))} vs "
+                    f"{human_seconds(self.clean(a))}: their steps' ranges, {diff.ranges(human_seconds)}, overlap)")
+        return (f"clean step time {_pct(self.clean(b), self.clean(a)):+.0f}% ({human_seconds(self.clean(b))} vs "
+                f"{human_seconds(self.clean(a))}; steps {diff.ranges(human_seconds)})")
 
     def peak(self, run: str) -> float:
         return float(self.runs.loc[run, "measured_peak_bytes"])
@@ -77,22 +90,21 @@ def findings(bd: Breakdown) -> list[str]:
             f"{-_pct(act_g, act_b):.0f}% ({human_bytes(act_b)} -> {human_bytes(act_g)}) and the measured peak by "
             f"{-_pct(v.peak(gc), v.peak(base)):.0f}%, at {_pct(v.profiled(gc), v.profiled(base)):+.0f}% profiled "
             f"step time, of which {rec_points:.0f} points are recompute ({human_seconds(v.t(gc, 'recompute'))}/step); "
-            f"clean step time {_pct(v.clean(gc), v.clean(base)):+.0f}%.")
+            f"{v.clean_change(base, gc)}.")
     for lora, full in v.pairs(PLAIN_LORA, {"adapter": "none", "lora_r": None, "lora_targets": ()}):
         out.append(
             f"LoRA ({lora}) trains {human_bytes(v.m(lora, 'parameters_trainable'))} of parameters instead of "
             f"{human_bytes(v.m(full, 'parameters_trainable'))} ({full}), so its optimizer state is "
             f"{human_bytes(v.m(lora, 'optimizer_state'))} against full fine-tuning's "
             f"{human_bytes(v.m(full, 'optimizer_state'))}; its peak is {human_bytes(v.peak(lora))} against "
-            f"{human_bytes(v.peak(full))}, and its clean step {_pct(v.clean(lora), v.clean(full)):+.0f}% "
-            f"({human_seconds(v.clean(lora))} vs {human_seconds(v.clean(full))}).")
+            f"{human_bytes(v.peak(full))}; {v.clean_change(full, lora)}.")
     for lora, qlora in v.pairs(PLAIN_LORA, {"quantization": "nf4"}):
         q = v.m(qlora, "parameters_quantized")
         out.append(
             f"QLoRA ({qlora}) holds {human_bytes(v.params(qlora))} of parameters against LoRA's "
             f"{human_bytes(v.params(lora))} (NF4 weights with their quantization state: {human_bytes(q)}); 4-bit "
-            f"(de)quantization costs {human_seconds(v.t(qlora, 'quantization'))} per profiled step, and its clean "
-            f"step is {_pct(v.clean(qlora), v.clean(lora)):+.0f}% against LoRA.")
+            f"(de)quantization costs {human_seconds(v.t(qlora, 'quantization'))} per profiled step; "
+            f"{v.clean_change(lora, qlora)}.")
     for stage in (2, 3):
         for lora, z in v.pairs(PLAIN_LORA, {"zero_stage": stage}):
             deltas = {c: v.m(z, c) - v.m(lora, c) for c in v.mem.columns}

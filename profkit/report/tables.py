@@ -223,16 +223,39 @@ def to_markdown(bd: Breakdown, baseline: str | None = None) -> str:
 
 
 def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
-    from profkit.report.units import signed_bytes, signed_ms
+    """Per run, its largest differences from ``baseline``: memory (exact, from the inventory and the timeline) and
+    time, where a time difference counts only if it exceeds the spread measured in the same runs
+    (``analyze.noise``); the rest is said to be within the noise, with the band."""
+    from profkit.analyze import noise
+    from profkit.report.units import human_seconds, signed_bytes, signed_ms
 
     d = deltas(bd, baseline)
+    tim = time_per_step(bd)
     out = []
     for run, g in d.groupby("run", sort=False):
         pieces = []
-        for kind, fmt in (("memory", signed_bytes), ("time", signed_ms)):
-            k = g[g.kind == kind]
-            k = k.reindex(k.delta.abs().sort_values(ascending=False).index).head(top)
-            pieces += [f"{c} {fmt(v)}" for c, v in zip(k.category, k.delta)]
+        m = g[g.kind == "memory"]
+        m = m.reindex(m.delta.abs().sort_values(ascending=False).index).head(top)
+        pieces += [f"{c} {signed_bytes(v)}" for c, v in zip(m.category, m.delta)]
+        t = g[g.kind == "time"]
+        real, within = [], []
+        for c, v in zip(t.category, t.delta):
+            value_a, value_b = (tim.loc[r].get(c, 0.0) if r in tim.index else 0.0 for r in (baseline, run))
+            diff = noise.category(bd, baseline, run, c, 0.0 if pd.isna(value_a) else float(value_a),
+                                  0.0 if pd.isna(value_b) else float(value_b))
+            (real if diff.measurable else within).append((c, v))
+        real.sort(key=lambda x: -abs(x[1]))
+        pieces += [f"{c} {signed_ms(v)}" for c, v in real[:top]]
+        if within:
+            pieces.append("no measurable time difference" + ("" if real else " in any category") +
+                          (f" in {len(within)} other categories" if real else "") +
+                          " (within the runs' step-to-step spread)")
+        clean = noise.clean_step(bd, baseline, run)
+        if pd.notna(clean.value):
+            pieces.append(f"clean step {signed_ms(clean.value)} (steps {clean.ranges(human_seconds)})"
+                          if clean.measurable else
+                          f"clean step: no measurable difference ({signed_ms(clean.value)}; steps "
+                          f"{clean.ranges(human_seconds)} overlap)")
         if pieces:
             out.append(f"{run} vs {baseline}: " + ", ".join(pieces))
     return out

@@ -1,0 +1,61 @@
+"""Comparisons that survive the noise: a method against itself (two repetitions, fresh processes) claims no
+difference; a change known to matter (gradient checkpointing's recompute) is claimed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from profkit import store
+from profkit.analyze import breakdown, noise
+from profkit.report import tables
+from tests.conftest import run_cli
+
+REPEATABLE = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "4", "--profiled-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def repeated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repeats") / "traces"
+    result = run_cli("record", "lora", "--repeats", "2", *REPEATABLE, "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_repetitions_are_one_run_of_fresh_processes(repeated):
+    top = json.loads((repeated / "lora" / store.MANIFEST).read_text())
+    assert top["status"] == "ok" and top["repeats"] == 2
+    assert [r["repetition"] for r in top["repetitions"]] == [0, 1]
+    pids = [json.loads((repeated / "lora" / f"rep{k}" / store.MANIFEST).read_text())["pid"] for k in range(2)]
+    assert len(set(pids)) == 2  # each in a fresh process
+    bd = breakdown([repeated])
+    assert list(bd.runs.run) == ["lora/rep0", "lora/rep1"] and set(bd.runs.repetition_of) == {"lora"}
+    # Every step's time is kept: min <= median <= max.
+    for _, r in bd.runs.iterrows():
+        assert r.clean_step_min_s <= r.clean_step_time_s <= r.clean_step_max_s
+        assert r.profiled_step_min_s <= r.profiled_step_time_s <= r.profiled_step_max_s
+
+
+def test_a_method_against_itself_claims_no_difference(repeated):
+    bd = breakdown([repeated])
+    (sentence,) = tables.delta_sentences(bd, "lora/rep0")
+    assert "no measurable time difference in any category" in sentence
+    assert "clean step: no measurable difference" in sentence
+    out = run_cli("breakdown", str(repeated), env={"COLUMNS": "80"})
+    assert out.returncode == 0 and "Step times: min / median / max" in out.stdout
+
+
+def test_gradient_checkpointings_recompute_is_claimed(matrix):
+    bd = breakdown([matrix / "lora", matrix / "lora_gc"])
+    tim = tables.time_per_step(bd)
+    diff = noise.category(bd, "lora", "lora_gc", "recompute", 0.0, float(tim.loc["lora_gc", "recompute"]))
+    assert diff.measurable and diff.value > 0
+    (sentence,) = tables.delta_sentences(bd, "lora")
+    assert "recompute +" in sentence
+
+
+@pytest.mark.parametrize("a, b, claimed", [((1.0, 2.0), (2.5, 3.0), True), ((1.0, 2.0), (1.9, 3.0), False),
+                                           ((0.0, 0.0), (0.1, 0.2), True), ((1.0, 1.0), (1.0, 1.0), False)])
+def test_a_difference_is_claimed_only_when_the_ranges_do_not_overlap(a, b, claimed):
+    assert noise.Difference(b[0] - a[0], a, b).measurable is claimed
