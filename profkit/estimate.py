@@ -98,6 +98,16 @@ def optimizer_state_bytes(optimizer: str, numels: list[int], element_size: int) 
     return total + (BNB_QMAPS if any(n >= BNB_MIN_8BIT_SIZE for n in numels) else 0)
 
 
+def kv_cache_bytes(config, batch_size: int, tokens: int, element_size: int) -> int:
+    """What generate()'s KV cache holds for ``tokens`` positions: a key and a value per decoder layer, each
+    batch x key-value heads x tokens x head size. (After N new tokens it holds prompt + N - 1: the last token
+    is returned, not fed back.)"""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return config.num_hidden_layers * 2 * batch_size * kv_heads * tokens * head_dim * element_size
+
+
 def nf4_bytes(shape: tuple[int, ...], double_quant: bool) -> int:
     """Bytes bitsandbytes stores for one NF4 weight with its quantization state."""
     numel = math.prod(shape)

@@ -94,6 +94,10 @@ class Session:
         # What the live objects say the method is; for a user's run this is the method, for profkit's own
         # runs it is kept beside the registry's settings as a check.
         inference = self.parts.optimizer is None and not any(p.requires_grad for p in self.parts.model.parameters())
+        self.inference = inference
+        self._forward_ends: list[float] = []  # inference, timed steps: when each forward pass (token) finished
+        self._latency: dict[str, list[float]] = {"ttft_s": [], "tpot_s": []}
+        self._cache = None  # inference: the KV cache of the last forward pass
         found = describe.method_of(self.parts, inference=inference)
         if record is None:
             record = new_record(path.name, found.name, found.kind, found.settings(), engine,
@@ -190,6 +194,13 @@ class Session:
         if phase == "timed":
             self._sync()
             now_s = time.perf_counter()
+            if self.inference and self._forward_ends:
+                # Time to first token: from the step's start to the end of the prefill pass; time per output
+                # token: between the ends of successive passes.
+                ends = [self._mark] + self._forward_ends
+                self._latency["ttft_s"].append(ends[1] - ends[0])
+                self._latency["tpot_s"] += [b - a for a, b in zip(ends[1:], ends[2:])]
+            self._forward_ends = []
             self._times.append(now_s - self._mark)
             self._mark = now_s
             self._tokens.append(self._tokens_now)
@@ -311,6 +322,14 @@ class Session:
         tokens = self.tokens_per_step or (int(statistics.median(self._tokens)) if self._tokens else 0)
         self.record.timings = {"step_times_s": self._times, "step_time_s": median, "tokens_per_step": tokens,
                                "tokens_per_s": tokens / median if median > 0 else None, "losses": self._losses}
+        if self.inference and self._latency["ttft_s"]:
+            import numpy as np
+
+            ttft, tpot = self._latency["ttft_s"], self._latency["tpot_s"] or [float("nan")]
+            self.record.timings.update(
+                ttft_s=ttft, tpot_s=tpot, ttft_median_s=float(np.median(ttft)),
+                tpot_median_s=float(np.median(tpot)), tpot_p90_s=float(np.percentile(tpot, 90)),
+                request_latency_median_s=median)
 
     def _start_memory_cycle(self) -> None:
         peaks = self.record.peaks
@@ -388,6 +407,8 @@ class Session:
     def _take_inventory(self) -> None:
         p = self.parts
         self.record.inventory = take_inventory(p.model, p.optimizer, p.inner_optimizer)
+        if self.inference and self._cache is not None:
+            self.record.inventory.update(kv_cache_inventory(self._cache))
 
     def _inventory_due(self) -> bool:
         return (self.phase == "memory_profile" and self._in_phase == self.plan["memory_profile"] - 1
@@ -406,6 +427,13 @@ class Session:
                     self._input_shape = tuple(ids.shape)  # (batch, sequence): what the estimate needs
 
     def _keep_loss(self, module, args, output) -> None:
+        if self.inference:
+            if self.phase == "timed":
+                self._sync()
+                self._forward_ends.append(time.perf_counter())
+            cache = getattr(output, "past_key_values", None)
+            if cache is not None:
+                self._cache = cache
         loss = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self._last_loss = loss.detach()
@@ -477,7 +505,7 @@ class _Labels:
         self.active = True
         s = self.session
         model = s.parts.model
-        self.handles.append(model.register_forward_pre_hook(self._forward_pre))
+        self.handles.append(model.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self.handles.append(model.register_forward_hook(self._forward_post, always_call=True))
         # Hooks cost a few microseconds per call: only on normalization layers.
         for module in model.modules():
@@ -574,10 +602,16 @@ class _Labels:
             rf.__exit__(None, None, None)
             self.local.optimizer = None
 
-    def _forward_pre(self, module, args) -> None:
+    def _forward_pre(self, module, args, kwargs) -> None:
         self.close_data()
         stack = self._local("forward", [])
         outermost = not any(stack)
+        if self.session.inference:
+            # generate(): the prompt's pass (several tokens per row) is the prefill, each later pass a decode.
+            ids = _token_ids(args, kwargs)
+            label = labels.PREFILL if ids is not None and ids.shape[-1] > 1 else labels.DECODE
+            stack.append(self._open(label) if outermost else None)
+            return
         labelled = torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1 and outermost
         stack.append(self._open(labels.FORWARD) if labelled else None)
 
@@ -608,6 +642,32 @@ class _Labels:
         stack = self._local("modules", [])
         if stack:
             stack.pop().__exit__(None, None, None)
+
+
+def _token_ids(args, kwargs):
+    ids = kwargs.get("input_ids") if kwargs else None
+    if ids is None:
+        ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    return ids if isinstance(ids, torch.Tensor) else None
+
+
+def kv_cache_inventory(cache) -> dict:
+    """The KV cache generate() built: its key and value tensors, once per storage, and the tokens it holds."""
+    tensors = []
+    for layer in getattr(cache, "layers", None) or []:  # transformers' Cache: one entry per decoder layer
+        tensors += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
+    if not tensors and isinstance(cache, (tuple, list)):  # the legacy tuple of (key, value) per layer
+        tensors = [t for pair in cache for t in pair if isinstance(t, torch.Tensor)]
+    seen, total = set(), 0
+    for t in tensors:
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    length = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else None
+    return {"kv_cache_bytes": total, "kv_cache_tokens": int(length) if length is not None else None,
+            "kv_cache_tensors": len(tensors), "kv_cache_dtype": str(tensors[0].dtype).removeprefix("torch.")
+            if tensors else None}
 
 
 def _device_of(model: torch.nn.Module) -> str:

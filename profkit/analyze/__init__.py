@@ -32,7 +32,8 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
                "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s",
                "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
-               "repetition_of", "repetition"]
+               "repetition_of", "repetition", "ttft_median_s", "tpot_median_s", "tpot_p90_s", "kv_cache_bytes",
+               "kv_cache_tokens"]
 
 
 @dataclass(frozen=True)
@@ -311,6 +312,9 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
                    clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"))
         if record.repetition is not None or src.path.name.startswith(store.REPETITION_PREFIX):
             row.update(repetition_of=src.path.parent.name, repetition=record.repetition)
+        if record.kind == "infer":
+            row.update({k: timings.get(k) for k in ("ttft_median_s", "tpot_median_s", "tpot_p90_s")})
+            row.update({k: (record.inventory or {}).get(k) for k in ("kv_cache_bytes", "kv_cache_tokens")})
         if timings.get("step_times_s"):
             row.update(clean_step_min_s=min(timings["step_times_s"]), clean_step_max_s=max(timings["step_times_s"]))
         _allocator_snapshot(src, run_dir, row, c, notes, problems)

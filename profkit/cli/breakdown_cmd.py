@@ -86,15 +86,28 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     spread = bd.runs[bd.runs.clean_step_min_s.notna() | bd.runs.profiled_step_min_s.notna()]
     if len(spread):
-        t = Table(title="Step times: min / median / max", box=box.SIMPLE_HEAD, padding=(0, 1),
+        t = Table(title="Step times", box=box.SIMPLE_HEAD, padding=(0, 1),
                   caption="clean: the timed steps, no profiler; profiled: the time cycle's steps")
-        t.add_column("run", no_wrap=True)
-        t.add_column("clean", justify="right", no_wrap=True)
-        t.add_column("profiled", justify="right", no_wrap=True)
+        for col in ("run", "steps", "min", "median", "max"):
+            t.add_column(col, justify="left" if col in ("run", "steps") else "right", no_wrap=True)
         for _, r in spread.iterrows():
-            t.add_row(str(r["run"]), " / ".join(human_seconds(r.get(k)) for k in (
-                "clean_step_min_s", "clean_step_time_s", "clean_step_max_s")), " / ".join(human_seconds(r.get(k)) for k in (
-                "profiled_step_min_s", "profiled_step_time_s", "profiled_step_max_s")))
+            for i, (kind, prefix, median) in enumerate((("clean", "clean_step", "clean_step_time_s"),
+                                                       ("profiled", "profiled_step", "profiled_step_time_s"))):
+                t.add_row(str(r["run"]) if i == 0 else "", kind, human_seconds(r.get(f"{prefix}_min_s")),
+                          human_seconds(r.get(median)), human_seconds(r.get(f"{prefix}_max_s")))
+        out.print(t)
+
+    serving = bd.runs[bd.runs.ttft_median_s.notna()]
+    if len(serving):
+        t = Table(title="Generation: latency of the unprofiled steps, KV cache", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption="TTFT: time to first token (prefill); TPOT: time per output token (each decode pass); "
+                          "the KV cache at the end of generation and the tokens it holds")
+        for col in ("run", "TTFT", "TPOT", "TPOT p90", "KV cache", "tokens"):
+            t.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
+        for _, r in serving.iterrows():
+            t.add_row(str(r["run"]), human_seconds(r.ttft_median_s), human_seconds(r.tpot_median_s),
+                      human_seconds(r.tpot_p90_s), human_bytes(r.kv_cache_bytes),
+                      f"{int(r.kv_cache_tokens)}" if pd.notna(r.kv_cache_tokens) else "-")
         out.print(t)
 
     mem = tables.memory_at(bd, phase)
