@@ -362,6 +362,10 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
             partitioned = {id(p) for n, p in names.items() if p.numel() > threshold and n not in quantized}
             in_layers = {id(p) for m in _decoder_layers(model) for p in m.parameters()}
             gathered = partitioned & in_layers
+            if world_size == 1:
+                # Measured on one process: full fine-tuning's trainable weights are not copied when saved (its
+                # activations equal ZeRO-2's to the byte); frozen ones are (LoRA's base).
+                gathered -= {id(p) for p in names.values() if p.requires_grad}
             for key, owner in (("parameters_trainable", lambda n, p: p.requires_grad and n not in quantized),
                                ("parameters_frozen", lambda n, p: not p.requires_grad and n not in quantized)):
                 big = sum(p.numel() * p.element_size() for n, p in names.items()

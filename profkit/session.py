@@ -306,6 +306,14 @@ class Session:
             self._stop_profiler()
             if phase == "memory_profile":
                 self._end_memory_cycle()
+                if self._world is not None:
+                    # Every rank runs the cycle again if any rank must: ranks step together (collectives).
+                    import torch.distributed as dist
+                    flag = torch.tensor([1.0 if self._timeline_error else 0.0],
+                                        device="cuda" if self.cuda else "cpu")
+                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                    if flag.item() and not self._timeline_error:
+                        self._timeline_error = "another rank's memory timeline could not be exported"
                 if self._timeline_error and self._memory_attempts < MEMORY_CYCLE_ATTEMPTS:
                     self.record.timings.setdefault("memory_cycle_retries", []).append(self._timeline_error)
                     self._memory_attempts += 1

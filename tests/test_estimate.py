@@ -12,9 +12,9 @@ from profkit.estimate import nf4_bytes
 from profkit.methods import METHODS
 from profkit.presets import get_preset
 from profkit.report.units import parse_bytes
-from tests.conftest import run_cli
+from tests.conftest import TINY_TRAINING, run_cli
 
-TRAINING = [name for name, m in METHODS.items() if m.kind == "train"]
+TRAINING = TINY_TRAINING  # what the tiny fixture records
 EXACT = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
 
 
@@ -52,7 +52,7 @@ def _estimate_json(*args):
 def test_estimate_all_on_the_3b_preset_counts_exactly():
     cfg = get_preset("llama-3.2-3b").config
     est = _estimate_json("--all", "--preset", "llama-3.2-3b")
-    assert sorted(est) == sorted(TRAINING)
+    assert sorted(est) == sorted(n for n, m in METHODS.items() if m.kind == "train")
     h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["head_dim"]
     layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
     r = METHODS["lora"].lora_r

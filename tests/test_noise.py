@@ -43,7 +43,7 @@ def test_a_method_against_itself_claims_no_difference(repeated):
     assert "no measurable time difference in any category" in sentence
     assert "clean step: no measurable difference" in sentence
     out = run_cli("breakdown", str(repeated), env={"COLUMNS": "80"})
-    assert out.returncode == 0 and "Step times: min / median / max" in out.stdout
+    assert out.returncode == 0 and "Step times" in out.stdout and "median" in out.stdout
 
 
 def test_gradient_checkpointings_recompute_is_claimed(matrix):

@@ -86,8 +86,10 @@ def test_inventory_is_exact(matrix, name):
 @pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.zero_stage])
 def test_zero_inventory_names_deepspeed_buffers(matrix, name):
     manifest = json.loads((matrix / name / "manifest.json").read_text())
-    trainable = lora_param_count(MICRO)
-    assert manifest["inventory"]["trainable_params"] == trainable
+    inventory = manifest["inventory"]
+    trainable = lora_param_count(MICRO) if METHODS[name].adapter == "lora" else \
+        inventory["trainable_params"] + inventory["frozen_params"]  # full fine-tuning trains every weight
+    assert inventory["trainable_params"] == trainable and (METHODS[name].adapter == "lora" or trainable > 300_000)
     details = {r["detail"] for r in manifest["inventory"]["rows"]}
     assert any(d.startswith("deepspeed:") for d in details), details
     # ZeRO keeps an fp32 master copy besides AdamW's two moments, even on one process.

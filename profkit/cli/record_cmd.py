@@ -5,6 +5,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from profkit import runner
@@ -51,7 +52,7 @@ def summary_line(outcome: runner.Outcome) -> str:
     style = STATUS_STYLE.get(outcome.status, "red")
     head = f"[{style}]{outcome.status:<11}[/] {outcome.method:<15}"
     if outcome.status != "ok":
-        return f"{head} {outcome.reason or ''} [dim](see {outcome.path})[/]"
+        return f"{head} {escape(outcome.reason or '')} [dim](see {escape(str(outcome.path))})[/]"
     t = m.timings
     unit = "tok/s"
     peaks = m.peaks
