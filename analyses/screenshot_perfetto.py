@@ -10,15 +10,13 @@ Usage: python analyses/screenshot_perfetto.py TRACES_DIR [--run lora] [-o report
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from screenshot_tensorboard import _driver, chromium, start_view  # noqa: E402
+from screenshot_tensorboard import _driver, chromium, start_view, stop  # noqa: E402
 
 TRACK = "profkit: memory by owner"
 
@@ -51,10 +49,7 @@ def screenshot(traces: Path, out: Path, run: str = "lora", timeout_s: float = 12
         print(f"{out}: Perfetto at {url}, run {run}")
         return out
     finally:
-        if driver is not None:
-            driver.quit()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
+        stop(driver, proc)
 
 
 def main() -> None:

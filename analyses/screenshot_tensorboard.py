@@ -128,10 +128,15 @@ def screenshot(traces: Path, out: Path, run: str = "lora", settle_s: float = 15)
         print(f"{out}, {scalars}: TensorBoard at {url}, profiler runs {runs}")
         return [out, scalars]
     finally:
-        if driver is not None:
-            driver.quit()
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=60)
+        stop(driver, proc)
+
+
+def stop(driver, proc: subprocess.Popen) -> None:
+    """Close the browser, then stop ``profkit view`` with Ctrl-C as a user would."""
+    if driver is not None:
+        driver.quit()
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=60)
 
 
 def main() -> None:

@@ -38,6 +38,13 @@ TIMELINE_COLORS = {"parameters": "#66a61e", "optimizer_state": "#d95f02", "gradi
                    "activations": "#7570b3", "inputs": "#1f78b4", "temporaries": "#e6ab02", "unknown": "#999999"}
 
 
+def _save(fig, path: Path, dpi: int = 110) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def _stacked(ax, frame, scale: float, unit: str) -> None:
     bottom = np.zeros(len(frame))
     for cat in frame.columns:
@@ -58,10 +65,7 @@ def _bar_chart(frame, scale: float, unit: str, title: str, path: Path, annotate=
         annotate(ax)
     ax.set_title(title)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def memory_bars(bd: Breakdown, path: Path) -> Path | None:
@@ -169,10 +173,7 @@ def pareto(bd: Breakdown, path: Path) -> Path | None:
     ax.set_ylabel("clean step time (ms)")
     ax.set_title("Training methods: peak memory against step time")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def estimate_bars(at_peak: pd.DataFrame, path: Path, reference: dict[str, float] | None = None,
@@ -217,10 +218,7 @@ def ranks_chart(bd: Breakdown, path: Path) -> Path | None:
         right.set_ylabel("ms per profiled step")
         right.set_title("communication per rank")
         right.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def snapshot_timeline(analysis, path: Path) -> Path | None:
@@ -243,7 +241,4 @@ def snapshot_timeline(analysis, path: Path) -> Path | None:
         ax.set_ylabel("MiB")
         ax.set_title(f"{analysis.path.name}, device {dev}: allocated by owner, and reserved")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
