@@ -74,7 +74,9 @@ def load_snapshot(path: Path) -> dict:
     try:
         data = _RestrictedUnpickler(io.BytesIO(raw)).load()
     except pickle.UnpicklingError as exc:
-        raise SnapshotError(path, str(exc)) from None
+        if str(exc).startswith("refused to load"):
+            raise SnapshotError(path, str(exc)) from None
+        raise SnapshotError(path, f"not an allocator snapshot pickle ({exc})") from None
     except Exception as exc:  # truncated or not a pickle at all
         raise SnapshotError(path, f"not an allocator snapshot pickle ({type(exc).__name__}: {exc})") from None
     if isinstance(data, list):  # the oldest layout: the list of segments alone
