@@ -33,6 +33,12 @@ MEMORY_CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_qu
 TIMELINE_CATEGORIES = ("PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
                        "AUTOGRAD_DETAIL", "UNKNOWN")
 _T = {name: i for i, name in enumerate(TIMELINE_CATEGORIES)}
+# The profiler's own timeline categories, grouped as the breakdown groups them (before reconciliation).
+TIMELINE_GROUPS = {
+    "parameters": ("PARAMETER",), "optimizer_state": ("OPTIMIZER_STATE",), "gradients": ("GRADIENT",),
+    "activations": ("ACTIVATION", "AUTOGRAD_DETAIL"), "inputs": ("INPUT",), "temporaries": ("TEMPORARY",),
+    "unknown": ("UNKNOWN",),
+}
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pandas as pd  # noqa: E402
 
 from profkit import store  # noqa: E402
 from profkit.analyze import Breakdown  # noqa: E402
-from profkit.analyze.memory import TIMELINE_CATEGORIES, load_timeline  # noqa: E402
+from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS, load_timeline  # noqa: E402
 from profkit.report import tables  # noqa: E402
 from profkit.report.units import human_bytes  # noqa: E402
 
@@ -27,12 +27,6 @@ COLORS = {
     "norm": "#d62728", "elementwise": "#9467bd", "embedding_loss": "#e377c2", "optimizer": "#bcbd22",
     "recompute": "#17becf", "communication": "#7f7f7f", "memcpy_memset": "#aec7e8", "data": "#ffbb78",
     "host_overhead": "#c5b0d5", "idle": "#dddddd", "other": "#000000",
-}
-# The profiler's own timeline categories, grouped as the breakdown groups them (before reconciliation).
-TIMELINE_GROUPS = {
-    "parameters": ("PARAMETER",), "optimizer_state": ("OPTIMIZER_STATE",), "gradients": ("GRADIENT",),
-    "activations": ("ACTIVATION", "AUTOGRAD_DETAIL"), "inputs": ("INPUT",), "temporaries": ("TEMPORARY",),
-    "unknown": ("UNKNOWN",),
 }
 TIMELINE_COLORS = {"parameters": "#66a61e", "optimizer_state": "#d95f02", "gradients": "#e7298a",
                    "activations": "#7570b3", "inputs": "#1f78b4", "temporaries": "#e6ab02", "unknown": "#999999"}

@@ -30,13 +30,10 @@ from pathlib import Path
 import numpy as np
 
 from profkit import labels, store
-from profkit.analyze.memory import TIMELINE_CATEGORIES, load_timeline
+from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS, load_timeline
 from profkit.manifest import ManifestError
 
-# The profiler's timeline categories, grouped as the breakdown names its owners.
-OWNER_GROUPS = {"parameters": ("PARAMETER",), "optimizer_state": ("OPTIMIZER_STATE",), "gradients": ("GRADIENT",),
-                "activations": ("ACTIVATION", "AUTOGRAD_DETAIL"), "inputs": ("INPUT",), "temporaries": ("TEMPORARY",),
-                "unknown": ("UNKNOWN",)}
+OWNER_GROUPS = TIMELINE_GROUPS  # the profiler's timeline categories, grouped as the breakdown names owners
 COUNTER_NAME = "live MiB"  # Perfetto names each track "<name> <owner>": short, so the owner shows
 # Numeric process ids of the tracks profkit adds (named by process_name metadata), clear of real pids.
 MEMORY_PID, PHASES_PID = 2_000_000_001, 2_000_000_002
