@@ -24,18 +24,24 @@ which saves the full attention matrix; the CPU and CUDA flash kernels save only 
 log-sum-exp), and autocast (it does not dispatch on meta tensors; the CUDA target trains under bf16
 autocast, so linear layers and attention see bf16 copies of their inputs and weights).
 
-Predictions are for three instants of a step: ``forward`` (its end), ``backward`` and ``optimizer``.
-Allocator overhead (CUDA's reserved-but-unallocated cache) is not predicted.
+Predictions are for three instants of a step: ``forward`` (its end), ``backward`` and ``optimizer``; for
+generate(), the prompt's pass (``prefill``) and the last new token's (``decode``). The peak is allocated bytes
+(``max_memory_allocated``). Reserved bytes (``max_memory_reserved``) are that times the caching allocator's
+overhead as measured on real training steps' snapshots, a range, not a model of the allocator.
 """
 
 from __future__ import annotations
 
 import math
+from statistics import median
 from dataclasses import dataclass, field
 from typing import Literal
 
 import pandas as pd
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from profkit.analyze.memory import MEMORY_CATEGORIES
 from profkit.methods import Method
@@ -43,7 +49,8 @@ from profkit.methods import Method
 Target = Literal["cpu", "cuda"]
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
-INSTANTS = ("forward", "backward", "optimizer")
+INSTANTS = ("forward", "backward", "optimizer")  # training; generation's are INFERENCE_INSTANTS
+INFERENCE_INSTANTS = ("prefill", "decode")
 NF4_BLOCK = 64  # bitsandbytes' default 4-bit blocksize, which transformers' BitsAndBytesConfig keeps
 NF4_NESTED_BLOCK = 256  # blocksize of double quantization's second level
 
@@ -63,7 +70,7 @@ class Estimate:
 
     @property
     def peak_instant(self) -> str:
-        return max(INSTANTS, key=lambda i: sum(self.instants[i].values()))
+        return max(self.instants, key=lambda i: sum(self.instants[i].values()))
 
     @property
     def peak_bytes(self) -> int:
@@ -72,10 +79,32 @@ class Estimate:
     def at_peak(self) -> dict[str, int]:
         return dict(self.instants[self.peak_instant])
 
+    def reserved(self) -> dict | None:
+        """CUDA targets: what ``max_memory_reserved`` would show, the allocated peak times the caching allocator's
+        reserved-over-allocated ratio on real training steps (lowest, median, highest of those measured); None on
+        CPU, which has no caching allocator."""
+        if self.settings.get("device") != "cuda":
+            return None
+        ratios = reserved_ratios()
+        return {"low_bytes": int(self.peak_bytes * min(ratios)), "bytes": int(self.peak_bytes * median(ratios)),
+                "high_bytes": int(self.peak_bytes * max(ratios)), "ratios": ratios}
+
     def to_json(self) -> dict:
         return {"method": self.method, "settings": self.settings, "instants": self.instants,
-                "peak_instant": self.peak_instant, "peak_bytes": self.peak_bytes, "params": self.params,
-                "detail": self.detail, "notes": self.notes}
+                "peak_instant": self.peak_instant, "peak_bytes": self.peak_bytes, "reserved": self.reserved(),
+                "params": self.params, "detail": self.detail, "notes": self.notes}
+
+
+RESERVED_BASIS = ("reserved: the predicted allocated peak x the CUDA caching allocator's peak reserved / peak "
+                  "allocated on real training steps ({ratios}; analyses/allocator_overhead.py); nvidia-smi shows "
+                  "more again: the CUDA context, outside PyTorch's counters, is not predicted")
+
+
+def reserved_ratios() -> list[float]:
+    """Peak reserved over peak allocated, measured on real allocator snapshots (``profkit/data/allocator``)."""
+    from profkit.workload import bundled
+
+    return sorted(float(r) for r in pd.read_csv(bundled("allocator/reserved_over_allocated.csv")).ratio)
 
 
 BNB_8BIT_BLOCK = 256  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 256 values of each state
@@ -108,12 +137,18 @@ def kv_cache_bytes(config, batch_size: int, tokens: int, element_size: int) -> i
     return config.num_hidden_layers * 2 * batch_size * kv_heads * tokens * head_dim * element_size
 
 
-def nf4_bytes(shape: tuple[int, ...], double_quant: bool) -> int:
-    """Bytes bitsandbytes stores for one NF4 weight with its quantization state."""
+def nf4_bytes(shape: tuple[int, ...], double_quant: bool, cpu_packed: bool = False) -> int:
+    """Bytes bitsandbytes stores for one NF4 weight with its quantization state.
+
+    ``cpu_packed``: the layout bitsandbytes converts a layer to at its first inference pass on a CPU with
+    AVX512-BF16 (``_convert_weight_packed_for_cpu``): the same 4-bit values repacked, the absmax
+    dequantized to one bf16 per block, the nested state dropped (its offset scalar stays)."""
     numel = math.prod(shape)
     packed = (numel + 1) // 2
     blocks = math.ceil(numel / NF4_BLOCK)
     code = 16 * 4
+    if cpu_packed:
+        return packed + blocks * 2 + (4 if double_quant else 0) + code
     if not double_quant:
         return packed + blocks * 4 + code
     nested_blocks = math.ceil(blocks / NF4_NESTED_BLOCK)
@@ -278,14 +313,44 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
                             sum(inputs.values()), by_region["after"], live_at_loss)
 
 
+def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool = False) -> tuple[dict, dict, list]:
+    """Element counts and bytes of the parameters, once per tensor (tied embeddings are one tensor), NF4 ones
+    as bitsandbytes stores them; buffers count as frozen. Also the trainable tensors."""
+    params = {"trainable": 0, "frozen": 0, "quantized": 0}
+    parts = {"parameters_trainable": 0, "parameters_frozen": 0, "parameters_quantized": 0}
+    trainable: list[torch.Tensor] = []
+    seen: set[int] = set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if name in quantized:
+            params["quantized"] += p.numel()
+            parts["parameters_quantized"] += nf4_bytes(tuple(p.shape), double_quant, cpu_packed)
+        elif p.requires_grad:
+            params["trainable"] += p.numel()
+            parts["parameters_trainable"] += p.numel() * p.element_size()
+            trainable.append(p)
+        else:
+            params["frozen"] += p.numel()
+            parts["parameters_frozen"] += p.numel() * p.element_size()
+    parts["parameters_frozen"] += sum(b.numel() * b.element_size() for b in model.buffers())
+    return params, parts, trainable
+
+
 # --------------------------------------------------------------------------- the estimate
 
 def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int = 1,
-             target: Target = "cuda", model_name: str = "", engine: str = "loop") -> Estimate:
+             target: Target = "cuda", model_name: str = "", engine: str = "loop", new_tokens: int = 1) -> Estimate:
+    """Training: one step at ``batch_size`` x ``seq_len``. Inference: generate() of ``new_tokens`` after a prompt
+    of ``batch_size`` x ``seq_len`` tokens."""
     from profkit.quiet import library_output
 
     # peft, bitsandbytes and DeepSpeed announce themselves at import and warn about their own deprecations.
     with library_output():
+        if method.kind == "infer":
+            return _estimate_inference(method, config, batch_size, seq_len, new_tokens, world_size, target,
+                                       model_name)
         return _estimate(method, config, batch_size, seq_len, world_size, target, model_name, engine)
 
 
@@ -295,9 +360,6 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
 
     if method.zero_stage and method.optimizer != "adamw" and engine == "trainer":
         raise EstimateError(f"{method.label}: the Trainer engine with ZeRO and {method.optimizer} is not modelled")
-    if method.kind != "train":
-        raise EstimateError(f"{method.name}: the estimator models training methods only (generation's KV cache "
-                            "and its batch-1 decoding are not modelled)")
     if world_size < 1:
         raise EstimateError(f"world size must be at least 1, got {world_size}")
     if world_size > 1 and not method.zero_stage:
@@ -309,27 +371,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         notes.append("CUDA target: bf16 autocast and bf16 frozen weights (a GPU with bf16 support); flash "
                      "attention where PyTorch would pick it")
 
-    # Parameters, counted once per tensor (tied embeddings are one tensor).
-    params = {"trainable": 0, "frozen": 0, "quantized": 0}
-    parts = {"parameters_trainable": 0, "parameters_frozen": 0, "parameters_quantized": 0}
-    trainable: list[torch.Tensor] = []
-    double_quant = method.double_quant if quantized else False
-    seen: set[int] = set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if name in quantized:
-            params["quantized"] += p.numel()
-            parts["parameters_quantized"] += nf4_bytes(tuple(p.shape), double_quant)
-        elif p.requires_grad:
-            params["trainable"] += p.numel()
-            parts["parameters_trainable"] += p.numel() * p.element_size()
-            trainable.append(p)
-        else:
-            params["frozen"] += p.numel()
-            parts["parameters_frozen"] += p.numel() * p.element_size()
-    parts["parameters_frozen"] += sum(b.numel() * b.element_size() for b in model.buffers())
+    params, parts, trainable = _parameters(model, quantized, method.double_quant if quantized else False)
     if not trainable:
         raise EstimateError(f"{method.name}: no trainable parameters in this model")
 
@@ -427,19 +469,173 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         "optimizer": {**static, "gradients": optimizer_grads, "activations": 0,
                       "temporaries": optimizer_temporaries},
     }
-    instants = {name: {c: int(v[c]) for c in CATEGORIES} for name, v in instants.items()}
+    instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "method": method.settings()}
     return Estimate(method.label, settings, instants, params, detail, notes)
+
+
+# --------------------------------------------------------------------------- generation
+
+class _LiveStorages(TorchDispatchMode):
+    """Live bytes on the meta device beside the weights, op by op: every op's outputs are new storages until Python
+    frees them (CPython frees at once, as on a device). torch's ``MemTracker`` reports a peak by its own categories but
+    not which storages were live at it; the estimate needs that to tell the KV cache from the transients."""
+
+    def __init__(self, static: list[torch.Tensor], existing: list[torch.Tensor]):
+        """``static``: tensors alive throughout (weights), left out of the count; ``existing``: others alive at the
+        start (the cache so far)."""
+        super().__init__()
+        self.static = {t.untyped_storage()._cdata for t in static}
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        for t in existing:
+            self._add(t)
+        self.peak, self.at_peak = 0, {}
+        self._measure()
+
+    def _add(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage._cdata not in self.live and storage._cdata not in self.static:
+            self.live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+
+    def _measure(self) -> None:
+        total = sum(n for _, n in self.live.values())
+        if total > self.peak:
+            self.peak, self.at_peak = total, {k: n for k, (_, n) in self.live.items()}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:  # freed since the last op
+            del self.live[key]
+        out = func(*args, **(kwargs or {}))
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        self._measure()
+        return out
+
+
+def _cache_tensors(cache) -> list[torch.Tensor]:
+    return [t for layer in cache.layers for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor)]
+
+
+def _generate_pass(model, input_ids, cache, target: Target, autocast, static: list[torch.Tensor]):
+    """One forward pass as generate() makes it (the last position's logits only, then its fp32 copy and the
+    min-new-tokens processor's copy), under a live-storage tracker. Returns the tracker and the cache."""
+    from transformers import DynamicCache
+
+    cache = cache if cache is not None else DynamicCache(config=model.config)
+    with torch.inference_mode(), _LiveStorages(static, [input_ids, *_cache_tensors(cache)]) as live, \
+            _TargetDevice(target, autocast):
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        scores = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        processed = torch.where(torch.zeros_like(scores, dtype=torch.bool), -math.inf, scores)
+        processed.argmax(dim=-1)
+        cache = out.past_key_values
+        del out, scores, processed
+    return live, cache
+
+
+def _estimate_inference(method: Method, config, batch_size: int, prompt: int, new_tokens: int, world_size: int,
+                        target: Target, model_name: str) -> Estimate:
+    """generate(): the prompt's forward pass (prefill) and the last new token's (decode, the largest cache),
+    each simulated on the meta device with every storage's lifetime followed. The KV cache at each instant is
+    the cache as that pass leaves it, as the breakdown measures it."""
+    from profkit import workload
+
+    if world_size != 1:
+        raise EstimateError(f"{method.name}: generation is estimated on one device (world size 1)")
+    model, quantized, plan = workload.meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    model.config.use_cache = True
+    cpu_packed = bool(quantized) and target == "cpu" and _bnb_packs_for_this_cpu()
+    params, parts, _ = _parameters(model, quantized, method.double_quant if quantized else False, cpu_packed)
+    static = [*model.parameters(), *model.buffers()]
+    weights = {k: v for k, v in parts.items() if k != "parameters_trainable"}
+
+    def instant(live: _LiveStorages, cache_after: int) -> dict[str, int]:
+        # Everything live at the pass's peak that is neither a weight nor the cache as the pass leaves it: the
+        # transients, and while a layer's cache grows (a concatenation), its old copy beside the new one.
+        transient = sum(live.at_peak.values()) - cache_after
+        return {**{c: 0 for c in CATEGORIES}, **weights, "kv_cache": cache_after, "activations": max(transient, 0)}
+
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        live, cache = _generate_pass(model, torch.zeros(batch_size, prompt, dtype=torch.long, device="meta"),
+                                           None, target, plan.autocast, static)
+        prefill = instant(live, _storage_bytes(_cache_tensors(cache)))
+        kv_dtype = _cache_tensors(cache)[0].dtype
+        decode = None
+        if new_tokens > 1:
+            # The cache before the last pass (prompt + new_tokens - 2 positions): the prefill's, each layer's keys
+            # and values lengthened on the meta device (a forward pass to build it would cost as much as the rest).
+            cache = _lengthened(cache, prompt + new_tokens - 2)
+            live, cache = _generate_pass(model, torch.zeros(batch_size, 1, dtype=torch.long, device="meta"),
+                                               cache, target, plan.autocast, static)
+            decode = instant(live, _storage_bytes(_cache_tensors(cache)))
+    element = torch.empty((), dtype=kv_dtype).element_size()
+    kv_final = kv_cache_bytes(config, batch_size, prompt + new_tokens - 1, element)
+    notes = list(plan.notes)
+    if decode is not None and decode["kv_cache"] != kv_final:
+        notes.append(f"the simulated cache holds {decode['kv_cache']:,} bytes, the configuration's formula "
+                     f"{kv_final:,}: this model's cache is not one key and value per layer and position")
+    if cpu_packed:
+        notes.append("CPU target with AVX512-BF16: bitsandbytes repacks each 4-bit layer at its first inference pass "
+                     "(bf16 absmax per block, no nested quantization state)")
+    if target == "cuda" and quantized:
+        # bitsandbytes multiplies by a 4-bit weight through a dequantized copy in the compute dtype, except for a
+        # single row (batch-1 decoding), which its gemv kernel reads in 4 bits.
+        names = dict(model.named_parameters())
+        dequantized = max(names[n].numel() for n in quantized) * plan.quantization.bnb_4bit_compute_dtype.itemsize
+        prefill["temporaries"] = dequantized
+        if decode is not None and batch_size > 1:
+            decode["temporaries"] = dequantized
+        notes.append("CUDA target: bitsandbytes dequantizes each 4-bit weight into the compute dtype for its "
+                     "matmul (the largest is a temporary), except for batch-1 decoding (its gemv kernel)")
+    instants = {"prefill": prefill, **({"decode": decode} if decode is not None else {})}
+    detail = {"kv_cache_bytes_per_token": kv_final // max(batch_size * (prompt + new_tokens - 1), 1),
+              "kv_cache_final": kv_final}
+    settings = {"batch_size": batch_size, "seq_len": prompt, "max_new_tokens": new_tokens, "world_size": 1,
+                "device": target, "model": model_name, "precision": plan.precision, "method": method.settings(),
+                "kv_cache_dtype": str(kv_dtype).removeprefix("torch.")}
+    return Estimate(method.label, settings, instants, params, detail, notes)
+
+
+def _lengthened(cache, positions: int):
+    """A transformers cache like ``cache`` whose every layer holds ``positions`` positions (meta tensors)."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            setattr(layer, name, t.new_empty((*t.shape[:-2], positions, t.shape[-1])))
+    return cache
+
+
+def _bnb_packs_for_this_cpu() -> bool:
+    """Whether bitsandbytes takes its packed CPU inference path here (it asks the CPU for AVX512-BF16)."""
+    try:
+        from bitsandbytes.functional import has_avx512bf16
+    except Exception:  # no bitsandbytes, or an older one without the CPU path
+        return False
+    return bool(has_avx512bf16())
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        seen.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+    return sum(seen.values())
 
 
 def estimate_run(method: Method, settings, target: Target, world_size: int = 1) -> Estimate:
     """The estimate for what ``RunSettings`` describe (preset or local model, batch and length)."""
     from profkit import workload
 
-    settings = settings.resolved()
+    from dataclasses import replace
+
+    settings = replace(settings, method=method.name).resolved()  # the method decides the default batch
     return estimate(method, workload.model_config(settings), settings.batch_size, settings.seq_len, world_size,
-                    target, settings.model_path or settings.preset, settings.engine)
+                    target, settings.model_path or settings.preset, settings.engine, settings.max_new_tokens)
 
 
 def estimate_methods(methods: list[Method], settings, target: Target, world_size: int = 1) -> list[Estimate]:
@@ -456,5 +652,8 @@ def frame(estimates: list[Estimate]) -> pd.DataFrame:
 
 
 def at_peak(estimates: list[Estimate]) -> pd.DataFrame:
-    """Rows: categories and ``peak``; columns: methods; bytes at each method's predicted peak."""
-    return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes} for e in estimates})
+    """Rows: categories, ``peak`` (allocated) and, for CUDA targets, ``reserved`` (see ``Estimate.reserved``);
+    columns: methods; bytes at each method's predicted peak."""
+    return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes,
+                                    **({"reserved": e.reserved()["bytes"]} if e.reserved() else {})}
+                         for e in estimates})

@@ -154,12 +154,12 @@ def with_zero(method: Method, stage: Literal[2, 3]) -> Method:
 
 
 def infer_fp16() -> Method:
-    return Method("infer_fp16", "infer", "generate() at batch size 1 in half precision (bf16/fp32 on CPU)")
+    return Method("infer_fp16", "infer", "generate() in half precision (bf16/fp32 on CPU), batch 1 unless --batch-size")
 
 
 def infer_int4() -> Method:
     return replace(infer_fp16(), name="infer_int4", quantization="nf4",
-                   description="generate() at batch size 1 with NF4-quantized weights (bitsandbytes)")
+                   description="generate() with NF4-quantized weights (bitsandbytes), batch 1 unless --batch-size")
 
 
 def _registry() -> dict[str, Method]:

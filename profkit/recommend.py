@@ -46,7 +46,10 @@ def time_costs(settings: dict) -> list[str]:
 
 
 def from_estimates(estimates) -> pd.DataFrame:
-    return pd.DataFrame([{"method": e.method, "source": "estimated", "peak_bytes": e.peak_bytes,
+    """Estimated peaks: reserved bytes on CUDA (what a measured CUDA run's peak is, and what runs out), allocated on
+    CPU."""
+    return pd.DataFrame([{"method": e.method, "source": "estimated",
+                          "peak_bytes": e.reserved()["bytes"] if e.reserved() else e.peak_bytes,
                           "step_time_s": None, "tokens_per_s": None,
                           "time_costs": time_costs(e.settings.get("method", {}))} for e in estimates],
                         columns=COLUMNS[:-1])

@@ -30,9 +30,13 @@ class RunSettings:
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""
+        from profkit.methods import METHODS
+
         p = get_preset(self.preset)
-        return replace(self, batch_size=self.batch_size or p.batch_size, seq_len=self.seq_len or p.seq_len,
-                       max_new_tokens=self.max_new_tokens or p.max_new_tokens)
+        # Serving is measured one request at a time unless asked (the preset's batch is a training batch).
+        inference = self.method in METHODS and METHODS[self.method].kind == "infer"
+        return replace(self, batch_size=self.batch_size or (1 if inference else p.batch_size),
+                       seq_len=self.seq_len or p.seq_len, max_new_tokens=self.max_new_tokens or p.max_new_tokens)
 
     def method_spec(self):
         """The registry's method with this run's command-line settings."""

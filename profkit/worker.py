@@ -52,9 +52,8 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
 
         device = resolve_device(settings.device)
         record.device = device_info(device)
-        if method.kind == "train":
-            # The prediction is made before the run, so an OOM or failed run still carries it.
-            record.estimate = predict(method, settings, device)
+        # The prediction is made before the run, so an OOM or failed run still carries it.
+        record.estimate = predict(method, settings, device)
         record.model = {"preset": None if settings.model_path else settings.preset, "path": settings.model_path}
         workload = build(method, settings, device)
 

@@ -340,7 +340,9 @@ def training_batches(tokenizer, settings: RunSettings, device: str, rank: int = 
 
 
 def inference_prompts(tokenizer, settings: RunSettings, device: str) -> Iterator[torch.Tensor]:
-    """Endless GSM8K questions (bundled, or a user's JSONL with 'question' or 'text'), batch size 1."""
+    """Endless prompts of exactly ``batch_size`` x ``seq_len`` tokens, cut from GSM8K's questions (bundled) or a
+    user's JSONL ('question' or 'text') read as one token stream, as serving benchmarks fix input and output
+    lengths: every request then has the same prefill and KV cache, so latencies compare and the estimate applies."""
     from datasets import load_dataset
 
     path = settings.dataset_path or str(bundled(BUNDLED_PROMPTS))
@@ -348,7 +350,13 @@ def inference_prompts(tokenizer, settings: RunSettings, device: str) -> Iterator
     field = "question" if "question" in ds.column_names else "text"
     if field not in ds.column_names:
         raise ValueError(f"{path}: an inference file needs a 'question' or 'text' field (found {ds.column_names})")
-    prompts = [tokenizer(q, return_tensors="pt")["input_ids"][:, : settings.seq_len] for q in ds[field]]
+    stream = [t for q in ds[field] for t in tokenizer(q)["input_ids"]]
+    size = settings.batch_size * settings.seq_len
+    if len(stream) < size:
+        raise ValueError(f"{path}: {len(stream)} tokens is too little text for prompts of batch "
+                         f"{settings.batch_size} x {settings.seq_len}")
+    prompts = [torch.tensor(stream[i:i + size]).view(settings.batch_size, settings.seq_len)
+               for i in range(0, len(stream) - size + 1, size)]
     while True:
         for p in prompts:
             yield p.to(device)
@@ -590,4 +598,4 @@ def _inference_workload(method: Method, settings: RunSettings, device: str, toke
                            max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                            pad_token_id=tokenizer.pad_token_id)
 
-    return Workload(method, device, model, None, step, new_tokens)
+    return Workload(method, device, model, None, step, settings.batch_size * new_tokens)

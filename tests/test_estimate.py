@@ -9,9 +9,10 @@ import pytest
 
 from profkit.analyze import breakdown
 from profkit.estimate import nf4_bytes
-from profkit.methods import METHODS
+from profkit.methods import METHODS, get_method
 from profkit.presets import get_preset
 from profkit.report.units import parse_bytes
+from profkit.settings import RunSettings
 from tests.conftest import TINY_TRAINING, run_cli
 
 TRAINING = TINY_TRAINING  # what the tiny fixture records
@@ -97,7 +98,7 @@ def test_zero_partitions_across_ranks():
 @pytest.mark.parametrize("args, message", [
     (["lora", "--preset", "nope"], "valid presets: micro, tiny, llama-3.2-3b"),
     (["lora", "--model", "/nonexistent"], "not a readable Hugging Face checkpoint"),
-    (["infer_fp16"], "models training methods only"),
+    (["infer_fp16", "--world-size", "2"], "generation is estimated on one device"),
     (["sgd"], "valid methods: full"),
     (["lora", "--world-size", "2"], "needs a ZeRO method"),
 ])
@@ -148,12 +149,44 @@ def test_recommend_without_runs_orders_by_known_time_costs_not_by_peak():
 
 
 def test_the_estimate_against_published_measured_peaks():
-    """Figures measured by others on GPUs (tests/data/published/peaks.csv, sources and settings there): the LoRA
-    rows, whose setup the estimate models as run, within 10%; every row within 20%; none physically impossible."""
+    """Figures measured by others on GPUs (tests/data/published/: sources, settings, model configurations): the
+    issue's targets, the median within 10% and nine in ten within 20%, over all figures and over those held out
+    while the estimator was built; LoRA training, whose setup the estimate models as run, within 10% each; none
+    physically impossible."""
     from profkit.published import compare
 
     table = compare(Path(__file__).parent / "data" / "published" / "peaks.csv")
-    assert len(table) >= 7 and table.possible.all()
+    assert len(table) >= 24 and table.possible.all()
+    assert set(table.kind) == {"train", "infer"} and (table.split == "holdout").sum() >= 15
+    for rows in (table, table[table.split == "holdout"]):
+        errors = rows.error.abs()
+        assert errors.median() <= 0.10 and (errors <= 0.20).mean() >= 0.9, rows[["model", "method", "error"]]
     lora = table[table.method.str.startswith("lora")]
     assert (lora.error.abs() <= 0.10).all(), lora[["model", "method", "error"]]
-    assert (table.error.abs() <= 0.20).all(), table[["model", "method", "error"]]
+
+
+def test_reserved_ratios_are_the_snapshots_own():
+    """The allocator overhead the estimate applies is data derived from the real snapshots in tests/data: re-derive
+    it, so a figure in the CSV cannot drift from what the snapshots hold."""
+    import importlib.util
+
+    from profkit.estimate import reserved_ratios
+
+    path = Path(__file__).resolve().parents[1] / "analyses" / "allocator_overhead.py"
+    spec = importlib.util.spec_from_file_location("allocator_overhead", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    derived = module.ratios()
+    assert sorted(derived.ratio.tolist()) == reserved_ratios()
+    assert (derived.peak_reserved_bytes >= derived.peak_allocated_bytes).all()
+
+
+def test_reserved_estimate_on_cuda_only():
+    from profkit.estimate import estimate_run
+
+    settings = RunSettings(method="lora", preset="micro")
+    cuda = estimate_run(get_method("lora"), settings, "cuda")
+    r = cuda.reserved()
+    assert cuda.peak_bytes <= r["low_bytes"] <= r["bytes"] <= r["high_bytes"]
+    assert r["bytes"] == int(cuda.peak_bytes * sorted(r["ratios"])[len(r["ratios"]) // 2])
+    assert estimate_run(get_method("lora"), settings, "cpu").reserved() is None

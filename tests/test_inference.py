@@ -43,3 +43,79 @@ def test_breakdown_shows_generation_latency(matrix):
     out = run_cli("breakdown", str(matrix / "infer_fp16"), env={"COLUMNS": "80"})
     assert out.returncode == 0 and "TTFT" in out.stdout and "KV cache" in out.stdout
     assert all(len(line) <= 80 for line in out.stdout.splitlines())
+
+
+@pytest.mark.parametrize("method", ["infer_fp16", "infer_int4"])
+def test_estimate_holds_kv_cache_to_the_byte_and_the_peak(matrix, method):
+    """The estimate recorded before the run, set beside the measurement: weights and the KV cache exact, the
+    peak within 15% (the issue's target; on micro it is within 1%)."""
+    record = json.loads((matrix / method / store.MANIFEST).read_text())
+    if record["status"] == "unsupported":
+        pytest.skip(record["reason"])
+    assert "instants" in record["estimate"], record["estimate"]
+    predicted = breakdown([matrix / method]).predicted.set_index("category")
+    kv = predicted.loc["kv_cache"]
+    assert kv.measured_bytes == record["inventory"]["kv_cache_bytes"] > 0
+    assert kv.predicted_bytes == kv.measured_bytes
+    assert predicted.loc["parameters_frozen"].predicted_bytes == predicted.loc["parameters_frozen"].measured_bytes
+    if method == "infer_int4":
+        q = predicted.loc["parameters_quantized"]
+        assert q.predicted_bytes == q.measured_bytes > 0
+    assert abs(predicted.loc["peak"].error) < 0.15
+    assert abs(predicted.loc["activations"].error) < 0.15
+
+
+def test_generation_batch_and_prompt_length(tmp_path):
+    """--batch-size and --seq-len reach generate(): the cache holds batch x (prompt + new - 1) positions, and
+    the estimate follows them."""
+    out = tmp_path / "traces"
+    result = run_cli("record", "infer_fp16", "--preset", "micro", "--batch-size", "3", "--seq-len", "24",
+                     "--max-new-tokens", "5", "--warmup-steps", "0", "--steps", "2", "--profiled-steps", "1",
+                     "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = json.loads((out / "infer_fp16" / store.MANIFEST).read_text())
+    config = AutoConfig.for_model(**get_preset("micro").config)
+    inventory = record["inventory"]
+    assert inventory["kv_cache_tokens"] == 24 + 5 - 1
+    assert inventory["kv_cache_bytes"] == kv_cache_bytes(config, 3, 28, 4)
+    assert record["timings"]["tokens_per_step"] == 3 * 5
+    predicted = breakdown([out]).predicted.set_index("category")
+    assert predicted.loc["kv_cache"].predicted_bytes == inventory["kv_cache_bytes"]
+    assert abs(predicted.loc["peak"].error) < 0.15
+
+
+def test_estimate_cli_for_generation():
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    runner = CliRunner()  # in-process: the command parses and calls the estimator, a subprocess adds nothing
+    out = runner.invoke(app, ["estimate", "infer_int4", "infer_fp16", "--preset", "micro", "--device", "cpu",
+                              "--seq-len", "40", "--max-new-tokens", "9", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    config = AutoConfig.for_model(**get_preset("micro").config)
+    for e in json.loads(out.stdout):
+        assert e["settings"]["batch_size"] == 1 and set(e["instants"]) == {"prefill", "decode"}
+        assert e["instants"]["decode"]["kv_cache"] == kv_cache_bytes(config, 1, 40 + 9 - 1, 4)
+        assert e["instants"]["prefill"]["kv_cache"] == kv_cache_bytes(config, 1, 40, 4)
+    table = runner.invoke(app, ["estimate", "infer_int4", "--preset", "micro"], env={"COLUMNS": "80"})
+    assert table.exit_code == 0 and "kv_cache" in table.stdout and "prompt 64 + 8 new tokens" in table.stdout
+    assert "reserved (est.)" in table.stdout  # the default target is CUDA
+    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+
+
+def test_quantized_inference_finding(matrix):
+    from profkit.report.findings import findings
+
+    runs = [matrix / m for m in ("infer_fp16", "infer_int4")]
+    if any(json.loads((r / store.MANIFEST).read_text())["status"] != "ok" for r in runs):
+        pytest.skip("a generation run did not complete here")
+    sentence = next(s for s in findings(breakdown(runs)) if s.startswith("NF4 inference"))
+    assert "of each profiled decode pass" in sentence and "outgrows the 4-bit weights beyond" in sentence
+    # The length is the quantized model's weights over the cache's measured bytes per position.
+    bd = breakdown(runs)
+    row = bd.runs.set_index("run").loc["infer_int4"]
+    weights = bd.memory[(bd.memory.run == "infer_int4") & (bd.memory.phase == "peak") &
+                        bd.memory.category.str.startswith("parameters")].bytes.sum()
+    expected = int(weights // (row.kv_cache_bytes / row.kv_cache_tokens)) + 1
+    assert f"beyond {expected:,} positions" in sentence

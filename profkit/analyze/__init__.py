@@ -15,7 +15,7 @@ import pandas as pd
 from profkit import labels, store
 from profkit.manifest import ManifestError, RunRecord
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, load_timeline, phase_windows
+from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, kv_cache_at, load_timeline, phase_windows
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace_memory import LIVE_COLUMNS, PEAK_COLUMNS, analyze_trace_memory
@@ -360,8 +360,10 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         return row
     try:
         timeline = load_timeline(run_dir.memory_timeline)
-        c.windows[src.run] = phase_windows(load_trace(run_dir.memory_trace), labels.PHASE_OF_LABEL)
-        m = analyze_memory(record, timeline, c.windows[src.run])
+        memory_trace = load_trace(run_dir.memory_trace)
+        c.windows[src.run] = phase_windows(memory_trace, labels.PHASE_OF_LABEL)
+        m = analyze_memory(record, timeline, c.windows[src.run],
+                           kv_cache_at(record, memory_trace, labels.PREFILL, labels.DECODE))
         c.add("memory", m.rows, src.run, method)
         c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]

@@ -13,12 +13,18 @@ Sources, and which wins:
   timeline's own total at its peak (process RSS, which also holds code and libraries, is reported
   beside it, not reconciled).
 
+- inference: the KV cache generate() built, measured to the byte at the end of the memory-profiled request
+  (the inventory) and growing by the same bytes per token through it: at an instant inside a forward pass
+  it is the cache as that pass leaves it (filled layer by layer, so an upper bound by at most one pass).
+  The profiler files the cache under ACTIVATION (it is a forward op's output), so it is taken from there.
+
 ``unattributed`` is measured minus everything attributed: never dropped, never spread.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +34,8 @@ from profkit.analyze.trace import Trace, read_json
 from profkit.manifest import RunRecord
 
 MEMORY_CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "gradients",
-                     "optimizer_state", "activations", "temporaries", "allocator_overhead", "unattributed")
+                     "optimizer_state", "kv_cache", "activations", "temporaries", "allocator_overhead",
+                     "unattributed")
 # torch.profiler._memory_profiler category indices in the raw export (_CATEGORY_TO_INDEX order).
 TIMELINE_CATEGORIES = ("PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
                        "AUTOGRAD_DETAIL", "UNKNOWN")
@@ -104,18 +111,45 @@ def phase_windows(trace: Trace, labels_to_phase: dict[str, str]) -> dict[str, tu
     return out
 
 
-def _reconcile(tl: np.ndarray, inv: dict[str, int]) -> dict[str, int]:
+def kv_cache_at(record: RunRecord, trace: Trace, labels_prefill: str, labels_decode: str):
+    """For an inference run: a function of an absolute ns instant giving the KV cache's bytes then (see the
+    module docstring), or None when the run holds no cache measurement."""
+    inv = record.inventory or {}
+    total, tokens = inv.get("kv_cache_bytes"), inv.get("kv_cache_tokens")
+    new = (record.run_settings or {}).get("max_new_tokens")
+    if record.kind != "infer" or not total or not tokens or not new:
+        return None
+    prompt = tokens - (new - 1)  # the last new token is returned, not fed back
+    steps = trace.step_windows()
+    lo, hi = steps[-1] if steps else (-np.inf, np.inf)
+    in_step = (trace.ts >= lo) & (trace.ts < hi)
+    prefill = trace.ts[trace.named(labels_prefill) & in_step]
+    decodes = np.sort(trace.ts[trace.named(labels_decode) & in_step]) * 1e3 + trace.base_time_ns
+    start = prefill.min() * 1e3 + trace.base_time_ns if len(prefill) else -np.inf
+
+    def at(t_ns: float) -> int:
+        if t_ns < start:
+            return 0
+        held = prompt + int(np.searchsorted(decodes, t_ns, side="right"))
+        return total * min(held, tokens) // tokens
+
+    return at
+
+
+def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[str, int]:
     """Split the profiler's live bytes at one instant into profkit's categories, inventory first.
 
     Inventory tensors are matched against the profiler categories they can hide in, in this order:
     parameters (the profiler files NF4 weights under INPUT: it does not see ``Params4bit`` as
     parameters), optimizer state, ZeRO's other buffers, then gradients -- live only as far as the
-    profiler shows them (``param.grad`` exists from backward to ``zero_grad``). What remains keeps the
+    profiler shows them (``param.grad`` exists from backward to ``zero_grad``), and an inference run's KV
+    cache. What remains keeps the
     profiler's meaning: GRADIENT beyond the parameters' gradients (activation gradients, DeepSpeed's
     staging bucket) is a temporary, INPUT is an activation (the batch), UNKNOWN is unattributed. Static
     bytes the profiler never saw make ``unattributed`` negative: the inventory wins.
     """
-    pool = {name: int(tl[_T[name]]) for name in ("PARAMETER", "OPTIMIZER_STATE", "GRADIENT", "INPUT", "UNKNOWN")}
+    pool = {name: int(tl[_T[name]]) for name in ("PARAMETER", "OPTIMIZER_STATE", "GRADIENT", "INPUT", "UNKNOWN",
+                                                  "ACTIVATION", "TEMPORARY")}
 
     def take(amount: int, sources: tuple[str, ...]) -> int:
         """Remove ``amount`` from the pools in order; return how much could not be found."""
@@ -133,20 +167,23 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int]) -> dict[str, int]:
     missing += take(framework, ("UNKNOWN", "GRADIENT", "INPUT"))
     grads_total = inv.get("gradients", 0) + inv.get("zero_gradients", 0)
     gradients = grads_total - take(grads_total, ("GRADIENT",))
+    missing += take(kv_cache, ("ACTIVATION", "TEMPORARY", "UNKNOWN"))
     return {
         "parameters_trainable": inv.get("parameters_trainable", 0),
         "parameters_frozen": inv.get("parameters_frozen", 0) + inv.get("buffers", 0),
         "parameters_quantized": inv.get("parameters_quantized", 0),
         "gradients": gradients,
         "optimizer_state": inv.get("optimizer_state", 0),
-        "activations": int(tl[_T["ACTIVATION"]] + tl[_T["AUTOGRAD_DETAIL"]]) + pool["INPUT"],
-        "temporaries": int(tl[_T["TEMPORARY"]]) + pool["GRADIENT"] + framework,
+        "kv_cache": kv_cache,
+        "activations": pool["ACTIVATION"] + int(tl[_T["AUTOGRAD_DETAIL"]]) + pool["INPUT"],
+        "temporaries": pool["TEMPORARY"] + pool["GRADIENT"] + framework,
         "allocator_overhead": 0,
         "unattributed": pool["UNKNOWN"] + pool["PARAMETER"] + pool["OPTIMIZER_STATE"] - missing,
     }
 
 
-def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tuple[float, float]]) -> MemoryResult:
+def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tuple[float, float]],
+                   kv_cache: Callable[[float], int] | None = None) -> MemoryResult:
     inv = inventory_totals(record)
     peaks = record.peaks
     cuda = "cuda_max_reserved" in peaks
@@ -161,7 +198,7 @@ def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tup
         if i is None:
             notes.append(f"phase {phase}: no memory events inside its window")
             continue
-        cats = _reconcile(timeline.live[i], inv)
+        cats = _reconcile(timeline.live[i], inv, kv_cache(timeline.t_ns[i]) if kv_cache else 0)
         if cuda and phase == "peak":
             # The allocator's own counters are the measurement; the timeline only splits it.
             allocated, reserved = peaks["cuda_max_allocated"], peaks["cuda_max_reserved"]

@@ -84,3 +84,22 @@ def _category_range(bd: Breakdown, run: str, category: str) -> tuple[float, floa
 
 def category(bd: Breakdown, a: str, b: str, name: str, seconds_a: float, seconds_b: float) -> Difference:
     return Difference(seconds_b - seconds_a, _category_range(bd, a, name), _category_range(bd, b, name))
+
+
+def _per_request(bd: Breakdown, run: str, key: str) -> list[float]:
+    """A generation latency per request: the TTFT of each, or the median TPOT of each one's decode passes."""
+    record = bd.records.get(run)
+    timings = (record.timings or {}) if record is not None else {}
+    values = list(timings.get(f"{key}_s") or [])
+    if key != "tpot" or not values:
+        return values
+    requests = len(timings.get("ttft_s") or []) or 1
+    per = max(len(values) // requests, 1)
+    return [float(np.median(values[i:i + per])) for i in range(0, len(values), per)]
+
+
+def latency(bd: Breakdown, a: str, b: str, key: str) -> Difference:
+    """``ttft`` or ``tpot`` of b against a: medians, and the ranges over requests (every repetition's)."""
+    values = [[v for r in repetitions(bd, x) for v in _per_request(bd, r, key)] for x in (a, b)]
+    medians = [float(np.median(v)) if v else np.nan for v in values]
+    return Difference(medians[1] - medians[0], _range(values[0]), _range(values[1]))

@@ -3,7 +3,8 @@ before the run) set beside the memory breakdown of the same run.
 
 Each category is compared where both sides mean the same instant: parameters and optimizer state (static)
 and activations at the forward phase's peak (the loss, where the logits are live beside everything saved
-for backward); gradients at the optimizer phase's peak (where every gradient exists). The measured peak is
+for backward); gradients at the optimizer phase's peak (where every gradient exists). For generation: weights and
+activations at the prefill's peak, the KV cache at the last decode pass's. The measured peak is
 set beside the predicted peak too; it is shown, not held to a target: transients inside backward and the
 optimizer step, and the CUDA allocator's cache, are modelled roughly or not at all.
 """
@@ -22,15 +23,23 @@ COMPARED = {
     "gradients": ("optimizer", "optimizer"),
     "activations": ("forward", "forward"),
 }
+# generate(): weights and the transients at the prompt's pass, the KV cache at the last pass (its largest)
+COMPARED_INFERENCE = {
+    "parameters_frozen": ("prefill", "prefill"),
+    "parameters_quantized": ("prefill", "prefill"),
+    "kv_cache": ("decode", "decode"),
+    "activations": ("prefill", "prefill"),
+}
 
 
 def predicted_vs_measured(estimate: dict, memory: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
     """Rows per compared category plus ``peak``; ``error`` is predicted / measured - 1 (None when measured
     is 0 and so is the prediction's scale meaningless)."""
     rows = []
-    for category, (instant, phase) in COMPARED.items():
+    compared = COMPARED_INFERENCE if "prefill" in estimate["instants"] else COMPARED
+    for category, (instant, phase) in compared.items():
         got = memory[(memory.phase == phase) & (memory.category == category)].bytes
-        if got.empty:
+        if got.empty or instant not in estimate["instants"]:
             continue
         rows.append(_row(category, phase, estimate["instants"][instant][category], int(got.iloc[0])))
     peak = measured[measured.phase == "peak"].measured_peak_bytes

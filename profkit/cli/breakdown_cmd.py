@@ -128,8 +128,9 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     for chunk in chunks(list(errors.index), out.width) if not errors.empty else []:
         # The title above the table, not in it: rich wraps a title to the table's width, narrow for one run.
         out.print("Memory predicted by `profkit estimate`: error against measured", style="italic", highlight=False)
-        t = Table(caption="static categories and activations at the forward phase's peak, gradients at the "
-                          "optimizer step's; `--format json|markdown` gives the bytes")
+        t = Table(caption="training: static categories and activations at the forward phase's peak, gradients "
+                          "at the optimizer step's; generation: weights and activations at the prefill's peak, "
+                          "the KV cache at the last decode pass's; `--format json|markdown` gives the bytes")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
             t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
@@ -163,17 +164,30 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                 out.print(f"[dim]{escape(run)}: {escape(note)}[/]", highlight=False)
 
 
+TIME_CAPTION = ("share of the profiled step, then its time as profiled: the profiler's own cost inflates "
+                "absolute times unevenly, so a share x the clean step time is only an estimate of a category's "
+                "unprofiled time")
+
+
 def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[str]) -> None:
-    """Seconds per step by category, one column per run, split into tables that fit the terminal."""
-    for chunk in chunks(runs, out.width) if runs else []:
-        t = Table(title=title)
+    """Each category's share of the step and its seconds per step, one column per run, split into tables that fit
+    the terminal."""
+    for chunk in chunks(runs, out.width, column_width=RUN_COLUMN_WIDTH + 4) if runs else []:
+        t = Table(title=title, caption=TIME_CAPTION)
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
+            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH + 4, len(run)))
+        total = {run: frame.loc[run].sum() for run in chunk}
         for cat in frame.columns:
-            t.add_row(cat, *[human_seconds(frame.loc[run, cat]) for run in chunk])
-        t.add_row("[bold]sum[/]", *[human_seconds(frame.loc[run].sum()) for run in chunk])
+            t.add_row(cat, *[_share(frame.loc[run, cat], total[run]) for run in chunk])
+        t.add_row("[bold]profiled step[/]", *[_share(total[run], total[run]) for run in chunk])
         out.print(t)
+
+
+def _share(seconds, total) -> str:
+    if pd.isna(seconds):
+        return "-"
+    return f"{seconds / total:4.0%} {human_seconds(seconds):>9}" if total else human_seconds(seconds)
 
 
 def _print_ranks(out: Console, bd: Breakdown) -> None:

@@ -17,10 +17,13 @@ from profkit.settings import RunSettings
 
 EPILOG = "Exit codes: 0 estimated; 2 bad arguments (unknown method or preset, unreadable model, a method not modelled)."
 TRAINING = [m.name for m in METHODS.values() if m.kind == "train"]
+INFERENCE = [m.name for m in METHODS.values() if m.kind == "infer"]
 
 
-def workload_settings(preset: str, model: Optional[Path], batch_size: Optional[int], seq_len: Optional[int]) -> RunSettings:
-    """Validated settings for an estimate (shared with ``recommend``); exits 2 on bad input."""
+def workload_settings(preset: str, model: Optional[Path], batch_size: Optional[int], seq_len: Optional[int],
+                      max_new_tokens: Optional[int] = None) -> RunSettings:
+    """Validated settings for an estimate (shared with ``recommend``); exits 2 on bad input. Sizes left unset are
+    the preset's for each method's kind (a generation's batch is 1)."""
     try:
         get_preset(preset)
     except UnknownPresetError as exc:
@@ -28,7 +31,7 @@ def workload_settings(preset: str, model: Optional[Path], batch_size: Optional[i
     if model is not None and not (model / "config.json").is_file():
         fail_usage(f"--model {model}: not a readable Hugging Face checkpoint directory (no config.json)")
     return RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
-                       batch_size=batch_size, seq_len=seq_len).resolved()
+                       batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens)
 
 
 def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int):
@@ -46,12 +49,16 @@ def run_estimates(methods: list[Method], settings: RunSettings, device: str, wor
 
 
 def estimate(
-    methods: list[str] = typer.Argument(None, help=f"Training methods ({', '.join(TRAINING)}).", show_default=False),
+    methods: list[str] = typer.Argument(None, help=f"Methods: training ({', '.join(TRAINING)}) or generation "
+                                        f"({', '.join(INFERENCE)}).", show_default=False),
     all_methods: bool = typer.Option(False, "--all", help="Every training method."),
     preset: str = typer.Option(DEFAULT_PRESET, help=f"Model preset ({', '.join(PRESETS)})."),
     model: Optional[Path] = typer.Option(None, help="A local Hugging Face model directory (only config.json is read)."),
     batch_size: Optional[int] = typer.Option(None, min=1, help="Batch size (default: the preset's)."),
-    seq_len: Optional[int] = typer.Option(None, min=1, help="Sequence length (default: the preset's)."),
+    seq_len: Optional[int] = typer.Option(None, min=1, help="Sequence length; for generation, the prompt's "
+                                          "(default: the preset's)."),
+    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="Generation: tokens generated per prompt "
+                                                 "(default: the preset's)."),
     world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO partitions across."),
     device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
@@ -61,17 +68,17 @@ def estimate(
     precision: Optional[str] = mo.PRECISION, optimizer: Optional[str] = mo.OPTIMIZER,
     attention: Optional[str] = mo.ATTENTION, zero_offload: Optional[str] = mo.ZERO_OFFLOAD,
 ) -> None:
-    """Predict each memory category of training methods without running a step (the model is built on the
-    meta device: no weights, no memory)."""
+    """Predict each memory category of a method without running it (the model is built on the meta device: no
+    weights, no memory). Training: one step. Generation: weights, the KV cache and the peak of generate()."""
     try:
         chosen = [m for m in resolve(methods or [], all_methods) if not all_methods or m.kind == "train"]
     except UnknownMethodError as exc:
         fail_usage(str(exc))
     if not chosen:
-        fail_usage(f"name at least one method, or --all; training methods: {', '.join(TRAINING)}")
+        fail_usage(f"name at least one method, or --all; methods: {', '.join(TRAINING + INFERENCE)}")
     chosen, _ = mo.apply(chosen, lora_rank, lora_alpha, lora_dropout, lora_targets, quant_type, double_quant,
                          precision, optimizer, attention, zero_offload)
-    settings = workload_settings(preset, model, batch_size, seq_len)
+    settings = workload_settings(preset, model, batch_size, seq_len, max_new_tokens)
     estimates = run_estimates(chosen, settings, device, world_size)
 
     from profkit.estimate import at_peak, frame
@@ -87,13 +94,20 @@ def estimate(
         _print(estimates, settings, device, world_size)
 
 
+def _workload(e) -> str:
+    s = e.settings
+    if "max_new_tokens" in s:
+        return f"generation: batch {s['batch_size']}, prompt {s['seq_len']} + {s['max_new_tokens']} new tokens"
+    return f"training: batch {s['batch_size']} x {s['seq_len']}"
+
+
 def _print(estimates, settings: RunSettings, device: str, world_size: int) -> None:
     from profkit.estimate import at_peak
 
     out = Console()
     table = at_peak(estimates)
-    caption = (f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, "
-               f"{device}" + (f", {world_size} ranks" if world_size > 1 else ""))
+    caption = (f"{settings.model_path or settings.preset}, {device}" + (f", {world_size} ranks" if world_size > 1 else "")
+               + "; " + "; ".join(dict.fromkeys(_workload(e) for e in estimates)))
     by_method = {e.method: e for e in estimates}
     for names in chunks(list(by_method), out.width):
         chunk = [by_method[n] for n in names]
@@ -102,10 +116,15 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         for e in chunk:
             t.add_column(e.method, justify="right", no_wrap=True)
         for category, row in table.iterrows():
-            label = "[bold]peak[/]" if category == "peak" else category
+            label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)"}.get(category, category)
             t.add_row(label, *[human_bytes(row[e.method]) for e in chunk])
         t.add_row("[dim]peak at[/]", *[f"[dim]{e.peak_instant}[/]" for e in chunk])
         out.print(t)
     for note in dict.fromkeys(n for e in estimates for n in e.notes):
         out.print(f"[dim]note: {note}[/]", highlight=False)
-    out.print("[dim]note: allocator overhead (CUDA's cached, unallocated blocks) is not predicted[/]", highlight=False)
+    reserved = next((e.reserved() for e in estimates if e.reserved()), None)
+    if reserved:
+        from profkit.estimate import RESERVED_BASIS
+
+        ratios = ", ".join(f"{r:.2f}" for r in reserved["ratios"])
+        out.print(f"[dim]note: {RESERVED_BASIS.format(ratios=ratios)}[/]", highlight=False)

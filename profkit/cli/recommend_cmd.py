@@ -40,7 +40,7 @@ def recommend(
         fail_usage(f"--budget: {exc}")
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
     settings, target = (_settings_of_runs(path) if not measured.empty
-                        else (workload_settings(preset, model, batch_size, seq_len), device))
+                        else (workload_settings(preset, model, batch_size, seq_len).resolved(), device))
     missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
     estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [])
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
@@ -93,7 +93,9 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str) -> Non
         out.print(f"[red]Nothing fits {human_bytes(budget_bytes)}.[/] The closest:", highlight=False)
     out.print(table)
     if (shown.source == "estimated").any():
-        out.print("[dim]estimated: predicted peak from `profkit estimate`. Without a run there is no step time: "
+        out.print("[dim]estimated: predicted peak from `profkit estimate` (on CUDA its reserved estimate, the "
+                  "allocated peak x the caching allocator's overhead measured on real training steps). Without a run "
+                  "there is no step time: "
                   "these are ordered by what their memory-saving measures are known to cost (fewer first; "
                   "ZeRO-Offload, ZeRO-3's gathers, 4-bit dequantization and checkpointing's recompute before "
                   "ZeRO-2's bookkeeping and 8-bit optimizer state), which is not a measurement; record them to "

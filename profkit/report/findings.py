@@ -117,11 +117,7 @@ def findings(bd: Breakdown) -> list[str]:
                 f"{human_bytes(deltas.get('optimizer_state', 0))} (an fp32 master copy), and communication takes "
                 f"{human_seconds(v.t(z, 'communication'))} per profiled step.")
     for fp16, int4 in v.pairs({"kind": "infer", "quantization": None}, {"quantization": "nf4"}):
-        tps = lambda r: float(v.runs.loc[r, "tokens_per_s"])
-        out.append(
-            f"NF4 inference ({int4}) holds {human_bytes(v.params(int4))} of parameters against "
-            f"{human_bytes(v.params(fp16))} ({fp16}) and generates {tps(int4):,.0f} tokens/s against "
-            f"{tps(fp16):,.0f} ({_pct(tps(int4), tps(fp16)):+.0f}%).")
+        out.append(_quantized_inference(v, fp16, int4))
     ratios = {r: v.profiled(r) / v.clean(r) for r in v.tim.index
               if r in v.ok and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and v.clean(r) > 0}
     if ratios:
@@ -142,6 +138,37 @@ def findings(bd: Breakdown) -> list[str]:
         for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
             out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
     return out
+
+
+def _quantized_inference(v: _View, fp16: str, int4: str) -> str:
+    """Where NF4 generation's time goes (dequantization per decode pass), what it saves (weights, set beside the
+    KV cache) and at which length the cache outgrows the 4-bit weights."""
+    bd, runs = v.bd, v.runs
+    settings = bd.records[int4].run_settings or {}
+    passes = max(int(settings.get("max_new_tokens") or 1) - 1, 1)
+    decode = bd.time[(bd.time.run == int4) & (bd.time.phase == "decode") & (bd.time.category == "quantization")]
+    per_pass = float(decode.seconds.sum()) / passes
+    from profkit.analyze import noise
+
+    tpot = lambda r: runs.loc[r, "tpot_median_s"]
+    diff = noise.latency(bd, int4, fp16, "tpot")  # ranges in the sentence's order: int4 first
+    verdict = ("" if diff.measurable else
+               "; no measurable difference: the requests' ranges overlap")
+    saved = v.params(fp16) - v.params(int4)
+    text = (f"NF4 inference ({int4}) vs {fp16}: 4-bit (de)quantization takes {human_seconds(per_pass)} of each "
+            f"profiled decode pass ({passes} per request), and a decode pass takes {human_seconds(tpot(int4))} "
+            f"against {human_seconds(tpot(fp16))} unprofiled (median TPOT; per request "
+            f"{diff.ranges(human_seconds)}{verdict}); it holds {human_bytes(v.params(int4))} "
+            f"of weights against {human_bytes(v.params(fp16))}, saving {human_bytes(saved)}")
+    kv, tokens = runs.loc[int4, "kv_cache_bytes"], runs.loc[int4, "kv_cache_tokens"]
+    if pd.notna(kv) and pd.notna(tokens) and tokens:
+        per_token = kv / tokens  # the whole batch's cache per position: it grows linearly
+        overtakes = int(v.params(int4) // per_token) + 1
+        batch = int(settings.get("batch_size") or 1)
+        text += (f", while its KV cache holds {human_bytes(kv)} after {int(tokens)} positions "
+                 f"({human_bytes(per_token)} each at batch {batch}); the cache outgrows the 4-bit weights beyond "
+                 f"{overtakes:,} positions")
+    return text + "."
 
 
 ENGINE_NAMES = {"loop": "profkit's loop", "trainer": "transformers.Trainer", "session": "a user's loop"}

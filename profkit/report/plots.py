@@ -21,7 +21,8 @@ from profkit.report.units import human_bytes  # noqa: E402
 MIB = 2**20
 COLORS = {
     "parameters_trainable": "#1b9e77", "parameters_frozen": "#66a61e", "parameters_quantized": "#a6d854",
-    "gradients": "#e7298a", "optimizer_state": "#d95f02", "activations": "#7570b3", "temporaries": "#e6ab02",
+    "gradients": "#e7298a", "optimizer_state": "#d95f02", "kv_cache": "#1f78b4", "activations": "#7570b3",
+    "temporaries": "#e6ab02",
     "allocator_overhead": "#a6761d", "unattributed": "#999999",
     "gemm": "#1f77b4", "attention": "#ff7f0e", "convolution": "#8c564b", "quantization": "#2ca02c",
     "norm": "#d62728", "elementwise": "#9467bd", "embedding_loss": "#e377c2", "optimizer": "#bcbd22",

@@ -22,8 +22,11 @@ def primary_resource(bd: Breakdown, run: str) -> str:
 def memory_at(bd: Breakdown, phase: str = "peak") -> pd.DataFrame:
     """Rows: runs; columns: memory categories (bytes) at the given phase's peak."""
     m = bd.memory[bd.memory.phase == phase]
-    return m.pivot_table(index="run", columns="category", values="bytes", aggfunc="sum") \
+    table = m.pivot_table(index="run", columns="category", values="bytes", aggfunc="sum") \
         .reindex(columns=list(MEMORY_CATEGORIES))
+    if not table.empty and not table["kv_cache"].fillna(0).any():
+        table = table.drop(columns="kv_cache")  # training runs only: a row of zeros that says nothing
+    return table
 
 
 def time_per_step(bd: Breakdown, resource: str | None = None) -> pd.DataFrame:
