@@ -116,16 +116,15 @@ def kv_cache_at(record: RunRecord, trace: Trace, labels_prefill: str, labels_dec
     module docstring), or None when the run holds no cache measurement."""
     inv = record.inventory or {}
     total, tokens = inv.get("kv_cache_bytes"), inv.get("kv_cache_tokens")
-    new = (record.run_settings or {}).get("max_new_tokens")
-    if record.kind != "infer" or not total or not tokens or not new:
+    if record.kind != "infer" or not total or not tokens:
         return None
-    prompt = tokens - (new - 1)  # the last new token is returned, not fed back
     steps = trace.step_windows()
     lo, hi = steps[-1] if steps else (-np.inf, np.inf)
     in_step = (trace.ts >= lo) & (trace.ts < hi)
     prefill = trace.ts[trace.named(labels_prefill) & in_step]
     decodes = np.sort(trace.ts[trace.named(labels_decode) & in_step]) * 1e3 + trace.base_time_ns
     start = prefill.min() * 1e3 + trace.base_time_ns if len(prefill) else -np.inf
+    prompt = tokens - len(decodes)  # each decode pass feeds one new token back; the last one is only returned
 
     def at(t_ns: float) -> int:
         if t_ns < start:

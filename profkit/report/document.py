@@ -115,8 +115,12 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
                           "timeline; `unattributed` is what is left of the measured peak).", "",
                       tables.memory_at(bd).map(human_bytes).T.to_markdown()]
         if img.name == "time_by_category.png":
-            parts += ["", "Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time).", "",
-                      tables.time_per_step(bd).map(human_seconds).T.to_markdown()]
+            tim = tables.time_per_step(bd)
+            share = tim.div(tim.sum(axis=1), axis=0)
+            parts += ["", "Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time), as a share of "
+                          "the step and as profiled. The profiler's own cost inflates absolute times unevenly: a share "
+                          "times the clean step time is only an estimate of a category's unprofiled time.", "",
+                      (share.map(lambda v: "-" if v != v else f"{v:.0%}") + " " + tim.map(human_seconds)).T.to_markdown()]
         if img.name == "memory_timelines.png":
             parts += ["", "The profiler's own categories over time, before reconciliation with the inventory."]
         if img.name == "trace_memory_over_time.png":
@@ -126,6 +130,7 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
                       live[["run", "device", "phase", "category", "bytes", "allocations"]].to_markdown(index=False)]
         if img.name == "ranks.png":
             parts += _rank_tables(bd)
+    parts += _generation_section(bd) + _predicted_section(bd)
     parts += _allocator_sections(bd, snapshot_images or {})
     baseline = tables.default_baseline(bd)
     if baseline:
@@ -134,6 +139,34 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
     if notes:
         parts += ["", "## Notes", ""] + sorted(set(notes))
     return "\n".join(parts) + "\n"
+
+
+def _generation_section(bd: Breakdown) -> list[str]:
+    """Generation runs: latency from the unprofiled requests and the KV cache at the end of generation."""
+    serving = bd.runs[bd.runs.ttft_median_s.notna()] if "ttft_median_s" in bd.runs else bd.runs.iloc[0:0]
+    if serving.empty:
+        return []
+    table = pd.DataFrame({"TTFT": serving.ttft_median_s.map(human_seconds).values,
+                          "TPOT": serving.tpot_median_s.map(human_seconds).values,
+                          "TPOT p90": serving.tpot_p90_s.map(human_seconds).values,
+                          "KV cache": serving.kv_cache_bytes.map(human_bytes).values,
+                          "positions": serving.kv_cache_tokens.values}, index=serving.run.values)
+    return ["", "## Generation", "", "Medians over the unprofiled requests: time to first token (the prefill) and time "
+            "per output token (each decode pass); the KV cache as generation leaves it.", "", table.to_markdown()]
+
+
+def _predicted_section(bd: Breakdown) -> list[str]:
+    """The estimate each run recorded before it ran, beside what the run measured."""
+    p = bd.predicted
+    if p.empty:
+        return []
+    shown = p.assign(predicted=p.predicted_bytes.map(human_bytes), measured=p.measured_bytes.map(human_bytes),
+                     error=p.error.map(tables.format_error))
+    return ["", "## Estimate against measurement", "",
+            "`profkit estimate`'s prediction, recorded before each run, beside the measurement. Training: static "
+            "categories and activations at the forward phase's peak, gradients at the optimizer step's; generation: "
+            "weights and activations at the prefill's peak, the KV cache at the last decode pass's.", "",
+            shown[["run", "category", "phase", "predicted", "measured", "error"]].to_markdown(index=False)]
 
 
 def _allocator_sections(bd: Breakdown, images: dict[str, Path]) -> list[str]:

@@ -35,12 +35,13 @@ def test_every_plot_is_written(report):
 
 def markdown_table(text: str, heading: str) -> dict[str, dict[str, str]]:
     """Parse the first Markdown table after ``heading`` into {row label: {column: cell}}."""
-    block = text[text.index(heading):]
-    lines = [l for l in block.splitlines() if l.startswith("|")]
-    end = next((i for i in range(1, len(lines)) if not lines[i].startswith("|")), len(lines))
+    block = text[text.index(heading):].splitlines()
+    first = next(i for i, line in enumerate(block) if line.startswith("|"))
+    end = next((i for i in range(first, len(block)) if not block[i].startswith("|")), len(block))
+    lines = block[first:end]  # the table ends at its first line that is not a row
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     out = {}
-    for line in lines[2:end]:
+    for line in lines[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) != len(header):
             break
@@ -59,7 +60,26 @@ def test_table_numbers_equal_the_breakdown(report):
     tim = markdown_table(text, "## Step time by operator category")
     for run, row in tables.time_per_step(bd).iterrows():
         for cat, value in row.items():
-            assert tim[cat][run] == human_seconds(value), (run, cat)
+            share = "-" if value != value else f"{value / row.sum():.0%}"
+            assert tim[cat][run] == f"{share} {human_seconds(value)}", (run, cat)
+
+
+def test_generation_and_estimate_sections(report):
+    """The serving runs' latency and KV cache, and each run's recorded estimate beside its measurement."""
+    text = report.markdown_path.read_text()
+    bd = report.breakdown
+    generation = markdown_table(text, "## Generation")
+    runs = bd.runs.set_index("run")
+    for run in ("infer_fp16", "infer_int4"):
+        if runs.loc[run, "status"] == "ok":
+            assert generation[run]["KV cache"] == human_bytes(runs.loc[run, "kv_cache_bytes"])
+            assert generation[run]["TTFT"] == human_seconds(runs.loc[run, "ttft_median_s"])
+    section = text[text.index("## Estimate against measurement"):]
+    p = bd.predicted
+    kv = p[(p.run == "infer_fp16") & (p.category == "kv_cache")].iloc[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if line.startswith("|")]
+    assert ["infer_fp16", "kv_cache", "decode", human_bytes(kv.predicted_bytes), human_bytes(kv.measured_bytes),
+            "+0.0%"] in rows
 
 
 def test_failed_runs_appear_with_their_status(report):
