@@ -135,7 +135,8 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         for run in chunk:
             t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
         for cat in errors.columns:
-            t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
+            if errors.loc[chunk, cat].notna().any():  # kv_cache only where a generation run is in the chunk
+                t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
         out.print(t)
 
     tim = tables.time_per_step(bd)

@@ -131,8 +131,10 @@ def predicted_errors(bd: Breakdown) -> pd.DataFrame:
     p = bd.predicted
     if p.empty:
         return pd.DataFrame()
+    present = set(p.category)
+    order = [c for c in (*MEMORY_CATEGORIES, "peak") if c in present]  # the breakdown's order, the peak last
     return p.pivot(index="run", columns="category", values="error").reindex(
-        columns=list(dict.fromkeys(p.category)), index=list(dict.fromkeys(p.run)))
+        columns=order, index=list(dict.fromkeys(p.run)))
 
 
 def format_error(error) -> str:
