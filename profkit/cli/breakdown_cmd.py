@@ -91,8 +91,11 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         for col in ("run", "steps", "min", "median", "max"):
             t.add_column(col, justify="left" if col in ("run", "steps") else "right", no_wrap=True)
         for _, r in spread.iterrows():
-            for i, (kind, prefix, median) in enumerate((("clean", "clean_step", "clean_step_time_s"),
-                                                       ("profiled", "profiled_step", "profiled_step_time_s"))):
+            # A trace recorded by others has no clean steps: no row of dashes for them.
+            kinds = [(kind, prefix, median) for kind, prefix, median in (
+                ("clean", "clean_step", "clean_step_time_s"), ("profiled", "profiled_step", "profiled_step_time_s"))
+                if pd.notna(r.get(f"{prefix}_min_s"))]
+            for i, (kind, prefix, median) in enumerate(kinds):
                 t.add_row(str(r["run"]) if i == 0 else "", kind, human_seconds(r.get(f"{prefix}_min_s")),
                           human_seconds(r.get(median)), human_seconds(r.get(f"{prefix}_max_s")))
         out.print(t)
