@@ -32,9 +32,11 @@ overhead as measured on real training steps' snapshots, a range, not a model of 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from dataclasses import dataclass, field, replace
 from statistics import median
-from dataclasses import dataclass, field
 from typing import Literal
 
 import pandas as pd
@@ -49,8 +51,6 @@ from profkit.methods import Method
 Target = Literal["cpu", "cuda"]
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
-INSTANTS = ("forward", "backward", "optimizer")  # training; generation's are INFERENCE_INSTANTS
-INFERENCE_INSTANTS = ("prefill", "decode")
 NF4_BLOCK = 64  # bitsandbytes' default 4-bit blocksize, which transformers' BitsAndBytesConfig keeps
 NF4_NESTED_BLOCK = 256  # blocksize of double quantization's second level
 
@@ -100,6 +100,7 @@ RESERVED_BASIS = ("reserved: the predicted allocated peak x the CUDA caching all
                   "more again: the CUDA context, outside PyTorch's counters, is not predicted")
 
 
+@functools.cache  # read once: every estimate's table and JSON ask for it
 def reserved_ratios() -> list[float]:
     """Peak reserved over peak allocated, measured on real allocator snapshots (``profkit/data/allocator``)."""
     from profkit.workload import bundled
@@ -232,6 +233,18 @@ class _TargetDevice(torch.overrides.TorchFunctionMode):
             q, k, v, attn_mask, True, 0.0, is_causal, scale=scale)[0]
 
 
+@contextlib.contextmanager
+def _contiguous_batches():
+    """transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors cannot
+    answer; profkit's batches and prompts are contiguous blocks, for which the answer is "none"."""
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
+
+
 def _decoder_layers(model) -> list:
     """The units gradient checkpointing wraps: transformers' checkpointable decoder layers."""
     from transformers.modeling_layers import GradientCheckpointingLayer
@@ -294,15 +307,9 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     handles.append(model.get_output_embeddings().register_forward_hook(lm_head_output))
     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
     count(batch, "before")  # the batch is held through the step (input_ids and labels are one tensor)
-    from unittest import mock
-
-    from transformers import masking_utils
-
     try:
-        # transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors
-        # cannot answer; profkit's batches are contiguous blocks, for which the answer is "none".
-        with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None), \
-                torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _TargetDevice(target, autocast):
+        with _contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                _TargetDevice(target, autocast):
             loss = model(input_ids=batch, labels=batch).loss
         del loss
     finally:
@@ -557,13 +564,9 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
         transient = sum(live.at_peak.values()) - cache_after
         return {**{c: 0 for c in CATEGORIES}, **weights, "kv_cache": cache_after, "activations": max(transient, 0)}
 
-    from unittest import mock
-
-    from transformers import masking_utils
-
-    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+    with _contiguous_batches():
         live, cache = _generate_pass(model, torch.zeros(batch_size, prompt, dtype=torch.long, device="meta"),
-                                           None, target, plan.autocast, static)
+                                     None, target, plan.autocast, static)
         prefill = instant(live, _storage_bytes(_cache_tensors(cache)))
         kv_dtype = _cache_tensors(cache)[0].dtype
         decode = None
@@ -572,7 +575,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
             # and values lengthened on the meta device (a forward pass to build it would cost as much as the rest).
             cache = _lengthened(cache, prompt + new_tokens - 2)
             live, cache = _generate_pass(model, torch.zeros(batch_size, 1, dtype=torch.long, device="meta"),
-                                               cache, target, plan.autocast, static)
+                                         cache, target, plan.autocast, static)
             decode = instant(live, _storage_bytes(_cache_tensors(cache)))
     element = torch.empty((), dtype=kv_dtype).element_size()
     kv_final = kv_cache_bytes(config, batch_size, prompt + new_tokens - 1, element)
@@ -630,8 +633,6 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
 def estimate_run(method: Method, settings, target: Target, world_size: int = 1) -> Estimate:
     """The estimate for what ``RunSettings`` describe (preset or local model, batch and length)."""
     from profkit import workload
-
-    from dataclasses import replace
 
     settings = replace(settings, method=method.name).resolved()  # the method decides the default batch
     return estimate(method, workload.model_config(settings), settings.batch_size, settings.seq_len, world_size,

@@ -362,8 +362,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         timeline = load_timeline(run_dir.memory_timeline)
         memory_trace = load_trace(run_dir.memory_trace)
         c.windows[src.run] = phase_windows(memory_trace, labels.PHASE_OF_LABEL)
-        m = analyze_memory(record, timeline, c.windows[src.run],
-                           kv_cache_at(record, memory_trace, labels.PREFILL, labels.DECODE))
+        m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
         c.add("memory", m.rows, src.run, method)
         c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]

@@ -24,12 +24,13 @@ Sources, and which wins:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pandas as pd
 
+from profkit import labels
 from profkit.analyze.trace import Trace, read_json
 from profkit.manifest import RunRecord
 
@@ -111,7 +112,7 @@ def phase_windows(trace: Trace, labels_to_phase: dict[str, str]) -> dict[str, tu
     return out
 
 
-def kv_cache_at(record: RunRecord, trace: Trace, labels_prefill: str, labels_decode: str):
+def kv_cache_at(record: RunRecord, trace: Trace) -> Callable[[float], int] | None:
     """For an inference run: a function of an absolute ns instant giving the KV cache's bytes then (see the
     module docstring), or None when the run holds no cache measurement."""
     inv = record.inventory or {}
@@ -121,8 +122,8 @@ def kv_cache_at(record: RunRecord, trace: Trace, labels_prefill: str, labels_dec
     steps = trace.step_windows()
     lo, hi = steps[-1] if steps else (-np.inf, np.inf)
     in_step = (trace.ts >= lo) & (trace.ts < hi)
-    prefill = trace.ts[trace.named(labels_prefill) & in_step]
-    decodes = np.sort(trace.ts[trace.named(labels_decode) & in_step]) * 1e3 + trace.base_time_ns
+    prefill = trace.ts[trace.named(labels.PREFILL) & in_step]
+    decodes = np.sort(trace.ts[trace.named(labels.DECODE) & in_step]) * 1e3 + trace.base_time_ns
     start = prefill.min() * 1e3 + trace.base_time_ns if len(prefill) else -np.inf
     prompt = tokens - len(decodes)  # each decode pass feeds one new token back; the last one is only returned
 
@@ -141,11 +142,11 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[s
     Inventory tensors are matched against the profiler categories they can hide in, in this order:
     parameters (the profiler files NF4 weights under INPUT: it does not see ``Params4bit`` as
     parameters), optimizer state, ZeRO's other buffers, then gradients -- live only as far as the
-    profiler shows them (``param.grad`` exists from backward to ``zero_grad``), and an inference run's KV
-    cache. What remains keeps the
-    profiler's meaning: GRADIENT beyond the parameters' gradients (activation gradients, DeepSpeed's
-    staging bucket) is a temporary, INPUT is an activation (the batch), UNKNOWN is unattributed. Static
-    bytes the profiler never saw make ``unattributed`` negative: the inventory wins.
+    profiler shows them (``param.grad`` exists from backward to ``zero_grad``) -- and an inference run's
+    KV cache (under ACTIVATION). What remains keeps the profiler's meaning: GRADIENT beyond the
+    parameters' gradients (activation gradients, DeepSpeed's staging bucket) is a temporary, INPUT is an
+    activation (the batch), UNKNOWN is unattributed. Static bytes the profiler never saw make
+    ``unattributed`` negative: the inventory wins.
     """
     pool = {name: int(tl[_T[name]]) for name in ("PARAMETER", "OPTIMIZER_STATE", "GRADIENT", "INPUT", "UNKNOWN",
                                                   "ACTIVATION", "TEMPORARY")}

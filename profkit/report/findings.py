@@ -143,17 +143,17 @@ def findings(bd: Breakdown) -> list[str]:
 def _quantized_inference(v: _View, fp16: str, int4: str) -> str:
     """Where NF4 generation's time goes (dequantization per decode pass), what it saves (weights, set beside the
     KV cache) and at which length the cache outgrows the 4-bit weights."""
-    bd, runs = v.bd, v.runs
-    settings = bd.records[int4].run_settings or {}
-    passes = max(int(settings.get("max_new_tokens") or 1) - 1, 1)
-    decode = bd.time[(bd.time.run == int4) & (bd.time.phase == "decode") & (bd.time.category == "quantization")]
-    per_pass = float(decode.seconds.sum()) / passes
     from profkit.analyze import noise
 
+    bd, runs = v.bd, v.runs
+    timings = bd.records[int4].timings or {}
+    # Decode passes per request, as timed (the run's own, so a user's Session-driven generation counts too).
+    passes = max(len(timings.get("tpot_s") or []) // max(len(timings.get("ttft_s") or []), 1), 1)
+    decode = bd.time[(bd.time.run == int4) & (bd.time.phase == "decode") & (bd.time.category == "quantization")]
+    per_pass = float(decode.seconds.sum()) / passes
     tpot = lambda r: runs.loc[r, "tpot_median_s"]
     diff = noise.latency(bd, int4, fp16, "tpot")  # ranges in the sentence's order: int4 first
-    verdict = ("" if diff.measurable else
-               "; no measurable difference: the requests' ranges overlap")
+    verdict = "" if diff.measurable else "; no measurable difference: the requests' ranges overlap"
     saved = v.params(fp16) - v.params(int4)
     text = (f"NF4 inference ({int4}) vs {fp16}: 4-bit (de)quantization takes {human_seconds(per_pass)} of each "
             f"profiled decode pass ({passes} per request), and a decode pass takes {human_seconds(tpot(int4))} "
@@ -164,7 +164,7 @@ def _quantized_inference(v: _View, fp16: str, int4: str) -> str:
     if pd.notna(kv) and pd.notna(tokens) and tokens:
         per_token = kv / tokens  # the whole batch's cache per position: it grows linearly
         overtakes = int(v.params(int4) // per_token) + 1
-        batch = int(settings.get("batch_size") or 1)
+        batch = int((bd.records[int4].run_settings or {}).get("batch_size") or 1)
         text += (f", while its KV cache holds {human_bytes(kv)} after {int(tokens)} positions "
                  f"({human_bytes(per_token)} each at batch {batch}); the cache outgrows the 4-bit weights beyond "
                  f"{overtakes:,} positions")
