@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 RECORD_ARGS ?= --all
 
-.PHONY: setup record test clean
+.PHONY: setup record test clean gpu-wheels gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,5 +28,14 @@ record: setup
 test: setup
 	$(BIN)/python -m pytest
 
+# The GPU check (README, "Checking on a GPU"). gpu-wheels runs where the registry is reached and fills the
+# git-ignored .gpu/wheels; gpu-check runs on the GPU machine with its own python3 and torch, installs from
+# there and writes its evidence to $$OUT. GPU_CHECK_ARGS: --part train|quant|zero|all, --device, --preset...
+gpu-wheels: setup
+	$(BIN)/python analyses/gpu_wheels.py
+
+gpu-check:
+	python3 analyses/gpu_check.py $(GPU_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) traces
+	rm -rf $(VENV) traces .gpu

@@ -41,6 +41,14 @@ PRESETS: dict[str, Preset] = {
             batch_size=4, seq_len=128, max_new_tokens=32,
         ),
         Preset(
+            "gpu-check", "Llama architecture, ~0.55B parameters: large enough for GPU effects to show, small enough "
+            "for the whole GPU check in minutes (make gpu-check)",
+            {**_LLAMA_COMMON, "hidden_size": 1536, "intermediate_size": 4096, "num_hidden_layers": 20,
+             "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 32000,
+             "max_position_embeddings": 4096},
+            batch_size=4, seq_len=1024, max_new_tokens=128,
+        ),
+        Preset(
             "llama-3.2-3b", "the architecture of Llama-3.2-3B-Instruct (random weights): for GPUs",
             {**_LLAMA_COMMON, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
              "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 128256,

@@ -716,9 +716,16 @@ def device_info(device: str) -> dict:
     return info
 
 
+# torch's CPU allocator reports a failed allocation as a plain RuntimeError (c10's alloc_cpu), not as
+# torch.OutOfMemoryError as the CUDA allocator does: its message is all that tells the two apart.
+CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
+
+
 def classify(exc: BaseException) -> str:
     """The status a run that ended in ``exc`` gets."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return "oom"
+    if isinstance(exc, RuntimeError) and CPU_ALLOCATOR_FAILURE in str(exc):
         return "oom"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"

@@ -1,0 +1,147 @@
+"""The GPU check (``make gpu-check``) on CPU, end to end, so that it cannot rot before a GPU comes; its install
+over a machine's preinstalled torch in a fresh venv; which carried wheels it installs."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "analyses" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu_check = _load()
+DECLARED = {"torch": Requirement("torch>=2.11,<2.14"), "transformers": Requirement("transformers>=5.23,<6"),
+            "bitsandbytes": Requirement("bitsandbytes>=0.50,<0.51")}
+
+
+@pytest.mark.parametrize("file, installed, action, reason", [
+    ("torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl", {}, "skip", "machine's own torch"),
+    ("torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl", {"torch": "2.9.0"}, "skip", "machine's own torch"),
+    ("transformers-5.23.0-py3-none-any.whl", {"transformers": "5.17.0"}, "install", "the machine has 5.17.0"),
+    ("transformers-5.23.0-py3-none-any.whl", {"transformers": "5.24.1"}, "skip", "the machine has 5.24.1"),
+    ("bitsandbytes-0.50.2-py3-none-manylinux_2_24_x86_64.whl", {}, "install", "missing"),
+    ("hjson-3.1.0-py3-none-any.whl", {"hjson": "3.0.0"}, "skip", "the machine has 3.0.0"),
+    ("deepspeed-0.19.8.tar.gz", {}, "install", "missing"),
+])
+def test_install_plan_installs_only_what_the_machine_lacks_and_never_torch(file, installed, action, reason):
+    (row,) = gpu_check.install_plan([Path(file)], DECLARED, installed)
+    assert row["action"] == action and reason in row["reason"]
+
+
+def _wheel(tmp_path: Path, name: str, version: str, body: str, out: Path, python: Path) -> None:
+    src = tmp_path / f"src-{name}"
+    (src / name).mkdir(parents=True)
+    (src / name / "__init__.py").write_text(body)
+    (src / "pyproject.toml").write_text(f'[project]\nname = "{name}"\nversion = "{version}"\n[build-system]\n'
+                                        'requires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n')
+    subprocess.run([str(python), "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", str(out), str(src)], check=True, capture_output=True)
+
+
+def test_install_over_a_preinstalled_torch_in_a_fresh_venv(tmp_path):
+    """A fresh venv stands in for the GPU machine: its packages, torch among them, preinstalled (this project's
+    environment on its path). The check installs a missing carried wheel and profkit into its own folder, with
+    --no-deps and no index; a carried torch is refused; the machine's torch stays what it was."""
+    site_packages = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").is_dir())
+    machine = tmp_path / "machine"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(machine)], check=True)
+    python = machine / "bin" / "python"
+    own = Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip())
+    (own / "preinstalled.pth").write_text(f"{site_packages}\n")
+    wheels = tmp_path / "wheels"
+    _wheel(tmp_path, "probe_dep", "0.1", "VALUE = 1\n", wheels, python)
+    _wheel(tmp_path, "torch", "99.0", "raise ImportError('a carried torch was installed')\n", wheels, python)
+
+    site = tmp_path / "site"
+    done = subprocess.run([str(python), str(ROOT / "analyses" / "gpu_check.py"), "install", "--wheels", str(wheels),
+                           "--site", str(site)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "install probe_dep-0.1" in done.stdout and "skip    torch-99.0" in done.stdout
+    probe = subprocess.run([str(python), "-c", "import json, torch, profkit, probe_dep; print(json.dumps("
+                            "[torch.__version__, torch.__file__, profkit.__file__, probe_dep.__file__]))"],
+                           capture_output=True, text=True, env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+                           cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr
+    version, torch_file, profkit_file, probe_file = json.loads(probe.stdout)
+    import torch
+    assert version == torch.__version__ and Path(torch_file).parent == Path(torch.__file__).parent
+    assert Path(profkit_file).is_relative_to(site) and Path(probe_file).is_relative_to(site)
+    # The installed copy works as a command, its bundled data included (the estimate reads the allocator table).
+    estimate = subprocess.run([str(python), "-m", "profkit", "estimate", "lora", "--preset", "micro", "--device", "cuda",
+                               "--format", "json"], capture_output=True, text=True, cwd=tmp_path,
+                              env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert estimate.returncode == 0, estimate.stderr
+    assert json.loads(estimate.stdout)[0]["reserved"]["bytes"] > 0
+
+
+def test_trim_keeps_only_the_last_profiled_step(tmp_path):
+    source = DATA / "gpu-traces" / "h100_qwen1.5-0.5b_hf_memory.json.gz"
+    with gzip.open(source, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    steps = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    assert len(steps) >= 2
+    out = gpu_check.trim_trace(source, tmp_path / "trimmed.json.gz")
+    with gzip.open(out, "rt") as fh:
+        kept = json.load(fh)["traceEvents"]
+    last = steps[-1]
+    timed = [e for e in kept if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M"]
+    assert timed and all(last["ts"] <= e["ts"] <= last["ts"] + last["dur"] for e in timed)
+    assert len(kept) < len(events)
+    assert [e["name"] for e in kept if str(e.get("name", "")).startswith("ProfilerStep#")] == [last["name"]]
+
+
+def test_gpu_check_end_to_end_on_cpu(matrix, tmp_path):
+    """The whole check as `make gpu-check` runs it, on CPU and micro, on a subset of its runs: a run already
+    recorded is kept (resumable), the Trainer under DeepSpeed, a user loop under Session, and a batch that cannot
+    fit, which must end as oom; then the checks, the overhead against a plain loop, the summary and the tarballs."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    shutil.copytree(matrix / "lora", runs / "lora")
+    code = gpu_check.main(["--device", "cpu", "--preset", "micro", "--part", "all", "--only", "lora",
+                           "lora_zero2-trainer", "user-loop", "oom/lora", "--overhead-rounds", "1", "--no-install",
+                           "--runs", str(runs), "--out", str(out)])
+    summary = json.loads((out / "summary-all.json").read_text())
+    failed = [(r["run"], c) for r in summary["runs"] for c in r["checks"] if not c["ok"]]
+    assert code == 0 and not failed, failed
+    by_run = {r["run"]: r for r in summary["runs"]}
+    assert set(by_run) == {"lora", "lora_zero2-trainer", "user-loop", "oom/lora"}
+    assert by_run["lora"]["record_wall_s"] == 0  # kept, not recorded again
+    assert by_run["oom/lora"]["status"] == "oom" and "can't allocate memory" in by_run["oom/lora"]["reason"]
+    for name in ("lora", "lora_zero2-trainer", "user-loop"):
+        r = by_run[name]
+        assert r["status"] == "ok"
+        assert 0 <= r["memory"]["unattributed_share_of_peak"] < 0.05
+        assert r["memory"]["by_category_at_peak"]["parameters_trainable"] > 0
+        assert {p["category"] for p in r["predicted"]} >= {"parameters_trainable", "optimizer_state", "peak"}
+        assert r["time"]["clean_step_s"] > 0 and r["time"]["coverage_cpu"] > 0.5
+    assert summary["environment"]["torch"] and summary["environment"]["gpu"] is None
+    assert all(row["in_range"] for row in summary["environment"]["requirements"] if row["name"] == "torch")
+    (overhead,) = summary["overhead"]
+    assert overhead["method"] == "lora" and 0.5 < overhead["ratio"] < 2, overhead
+    tarballs = sorted(out.glob("runs-all-*.tar.gz"))
+    assert tarballs and all(t.stat().st_size <= gpu_check.PACK_LIMIT_BYTES for t in tarballs)
+    members = {m for t in tarballs for m in tarfile.open(t).getnames()}
+    assert {f"{r}/manifest.json" for r in by_run} <= members
+    assert "| oom/lora | oom |" in (out / "summary-all.md").read_text()
+
+    reports = tmp_path / "reports"
+    assert gpu_check.collect([out], reports) == 0
+    assert json.loads((reports / "summary.json").read_text())[0]["part"] == "all"
