@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 RECORD_ARGS ?= --all
 
-.PHONY: setup record test clean gpu-wheels gpu-check
+.PHONY: setup record test test-fast clean gpu-wheels gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ record: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The pure layers on stored fixtures (core, store, analyze, predict on the meta device, report): under 2 minutes.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not e2e"
 
 # The GPU check (README, "Checking on a GPU"). gpu-wheels runs where the registry is reached and fills the
 # git-ignored .gpu/wheels; gpu-check runs on the GPU machine with its own python3 and torch, installs from

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from profkit.methods import get_method
-from profkit.session import Session
-from profkit.settings import RunSettings
-from profkit.workload import build, resolve_device
+from profkit.core.methods import get_method
+from profkit.core.settings import RunSettings
+from profkit.launch.workload import build, resolve_device
+from profkit.record.session import Session
 
 OUT = Path(__file__).resolve().parents[1] / "reports" / "benchmarks" / "recording_overhead.json"
 

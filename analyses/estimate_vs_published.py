@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profkit.published import compare
+from profkit.predict.published import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "estimate-vs-published" / "README.md"

@@ -38,7 +38,7 @@ import sys
 import tarfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,9 +220,9 @@ def _status(run_dir: Path) -> str | None:
 
 def record_run(run: CheckRun, root: Path, preset: str, device: str) -> float:
     """Record one run (kept if it already ended as it should: resumable); its wall seconds."""
-    from profkit import runner
-    from profkit.methods import get_method
-    from profkit.settings import RunSettings
+    from profkit.core.methods import get_method
+    from profkit.core.settings import RunSettings
+    from profkit.launch import runner
 
     target = root / run.name
     if _status(target) == run.expected:
@@ -246,7 +246,7 @@ def user_loop(target: Path, preset_name: str, device: str) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import profkit
-    from profkit.presets import get_preset
+    from profkit.core.presets import get_preset
 
     device = "cuda" if device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
     preset = get_preset(preset_name)
@@ -273,9 +273,9 @@ def oom_run(target: Path, preset: str, device: str, method: str) -> int:
     swaps, an address-space limit (inherited by the worker) makes the allocation fail as a GPU's would."""
     import resource
 
-    from profkit import runner
-    from profkit.methods import get_method
-    from profkit.settings import RunSettings
+    from profkit.core.methods import get_method
+    from profkit.core.settings import RunSettings
+    from profkit.launch import runner
 
     if device == "cpu":
         resource.setrlimit(resource.RLIMIT_AS, (CPU_OOM_ADDRESS_SPACE, CPU_OOM_ADDRESS_SPACE))
@@ -338,7 +338,6 @@ def check_runs(runs: list[CheckRun], root: Path, device: str) -> list[dict]:
     results = []
     for run in runs:
         run_dir = store.RunDir(root / run.name)
-        name = (root / run.name).name
         row = b.runs[b.runs.path == str(run_dir.path)] if b is not None else None
         row = row.iloc[0].to_dict() if row is not None and len(row) else {}
         record = b.records.get(row.get("run")) if b is not None and row else None

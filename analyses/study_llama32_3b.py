@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from profkit.estimate import at_peak, estimate_methods, frame
-from profkit.methods import METHODS
+from profkit.core.methods import METHODS
+from profkit.core.settings import RunSettings
+from profkit.predict.estimate import at_peak, estimate_methods, frame
 from profkit.report.plots import estimate_bars
-from profkit.settings import RunSettings
 
 OUT = Path(__file__).resolve().parent.parent / "reports" / "llama-3.2-3b-estimate"
 # The study's measured peaks (GB as it printed them), keyed by the profkit method that matches its description.

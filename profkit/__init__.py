@@ -9,10 +9,7 @@ __all__ = ["Session", "TrainerCallback"]
 
 
 def __getattr__(name: str):
-    if name == "Session":
-        from profkit.session import Session
-        return Session
-    if name == "TrainerCallback":
-        from profkit.hf import TrainerCallback
-        return TrainerCallback
+    if name in __all__:
+        from profkit import api  # heavy: torch and transformers, loaded only when the API is used
+        return getattr(api, name)
     raise AttributeError(f"module 'profkit' has no attribute {name!r}")

@@ -3,7 +3,9 @@ through the real CLI (each method in its own subprocess), exactly as a user woul
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +17,21 @@ DATA = Path(__file__).parent / "data"
 GPU_TRACES = DATA / "gpu-traces"
 # Few steps: the tests check what was written, not how fast.
 FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "2", "--profiled-steps", "1"]
+
+
+# The fast tier (`make test-fast`) is every test that records nothing: the pure layers on stored fixtures. A test is
+# end-to-end (marked ``e2e``) when it depends on a recording fixture or records, trains or installs itself.
+RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny"}
+RECORDS = re.compile(r'run_cli\(\s*"record"|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
+                     r'"install"|runner\.record|subprocess\.(run|Popen)\(')
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        function = getattr(item, "function", None)
+        source = inspect.getsource(function) if function is not None else ""
+        if RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())) or RECORDS.search(source):
+            item.add_marker(pytest.mark.e2e)
 
 
 def terminal_session() -> None:
@@ -48,7 +65,7 @@ def _tiny_training() -> list[str]:
     """Every training method, less the ZeRO variants with checkpointing: their static memory is the variant
     without it, to the byte, and checkpointing's activations are held by full_gc, lora_gc and qlora_gc (the
     micro matrix still records every method). Keeps the suite under its time budget."""
-    from profkit.methods import METHODS
+    from profkit.core.methods import METHODS
 
     return [n for n, m in METHODS.items() if m.kind == "train" and not (m.zero_stage and m.gradient_checkpointing)]
 

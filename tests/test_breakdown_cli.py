@@ -7,7 +7,7 @@ import pandas as pd
 
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.memory import MEMORY_CATEGORIES
-from profkit.methods import METHODS
+from profkit.core.methods import METHODS
 from tests.conftest import run_cli
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from profkit.analyze import breakdown
-from profkit.estimate import nf4_bytes
-from profkit.methods import METHODS, get_method
-from profkit.presets import get_preset
-from profkit.report.units import parse_bytes
-from profkit.settings import RunSettings
+from profkit.core.methods import METHODS, get_method
+from profkit.core.presets import get_preset
+from profkit.core.settings import RunSettings
+from profkit.core.units import parse_bytes
+from profkit.predict.estimate import nf4_bytes
 from tests.conftest import TINY_TRAINING, run_cli
 
 TRAINING = TINY_TRAINING  # what the tiny fixture records
@@ -87,7 +87,9 @@ def test_zero_partitions_across_ranks():
     four = _estimate_json("lora_zero2", "lora_zero3", "--preset", "llama-3.2-3b", "--world-size", "4")
     opt1 = one["lora_zero2"]["instants"]["forward"]["optimizer_state"]
     opt4 = four["lora_zero2"]["instants"]["forward"]["optimizer_state"]
-    assert opt4 == math.ceil(opt1 / 4 / 4) * 4 or abs(opt4 - opt1 / 4) <= 16
+    n = one["lora_zero2"]["params"]["trainable"]
+    step = opt1 - 12 * n  # the fp32 master and AdamW's two moments are partitioned; the step counters are not
+    assert opt4 == 12 * math.ceil(n / 4) + step
     assert four["lora_zero2"]["instants"]["forward"]["parameters_frozen"] == \
         one["lora_zero2"]["instants"]["forward"]["parameters_frozen"]  # stage 2 keeps parameters whole
     frozen1 = one["lora_zero3"]["instants"]["forward"]["parameters_frozen"]
@@ -96,7 +98,7 @@ def test_zero_partitions_across_ranks():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["lora", "--preset", "nope"], "valid presets: micro, tiny, llama-3.2-3b"),
+    (["lora", "--preset", "nope"], "valid presets: micro, tiny, gpu-check, llama-3.2-3b"),
     (["lora", "--model", "/nonexistent"], "not a readable Hugging Face checkpoint"),
     (["infer_fp16", "--world-size", "2"], "generation is estimated on one device"),
     (["sgd"], "valid methods: full"),
@@ -153,7 +155,7 @@ def test_the_estimate_against_published_measured_peaks():
     issue's targets, the median within 10% and nine in ten within 20%, over all figures and over those held out
     while the estimator was built; LoRA training, whose setup the estimate models as run, within 10% each; none
     physically impossible."""
-    from profkit.published import compare
+    from profkit.predict.published import compare
 
     table = compare(Path(__file__).parent / "data" / "published" / "peaks.csv")
     assert len(table) >= 24 and table.possible.all()
@@ -170,7 +172,7 @@ def test_reserved_ratios_are_the_snapshots_own():
     it, so a figure in the CSV cannot drift from what the snapshots hold."""
     import importlib.util
 
-    from profkit.estimate import reserved_ratios
+    from profkit.predict.estimate import reserved_ratios
 
     path = Path(__file__).resolve().parents[1] / "analyses" / "allocator_overhead.py"
     spec = importlib.util.spec_from_file_location("allocator_overhead", path)
@@ -182,7 +184,7 @@ def test_reserved_ratios_are_the_snapshots_own():
 
 
 def test_reserved_estimate_on_cuda_only():
-    from profkit.estimate import estimate_run
+    from profkit.predict.estimate import estimate_run
 
     settings = RunSettings(method="lora", preset="micro")
     cuda = estimate_run(get_method("lora"), settings, "cuda")

@@ -11,8 +11,8 @@ from transformers import AutoConfig
 
 from profkit import store
 from profkit.analyze import breakdown
-from profkit.estimate import kv_cache_bytes
-from profkit.presets import get_preset
+from profkit.core.presets import get_preset
+from profkit.predict.estimate import kv_cache_bytes
 from tests.conftest import run_cli
 
 

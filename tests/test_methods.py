@@ -1,11 +1,10 @@
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict
 
 import pytest
 
-from profkit.methods import (METHODS, OverrideError, UnknownMethodError, get_method, qlora, resolve, with_gc,
-                             with_overrides)
+from profkit.core.methods import METHODS, OverrideError, UnknownMethodError, get_method, resolve, with_overrides
 
 TRAINING = ["full", "full_gc", "lora", "lora_gc", "qlora", "qlora_gc", "lora_zero2", "lora_zero3", "lora_zero2_gc",
             "lora_zero3_gc", "qlora_zero2", "qlora_zero3", "qlora_zero2_gc", "qlora_zero3_gc", "full_zero2",
@@ -27,9 +26,17 @@ def test_names_match_settings(name):
     assert m.learning_rate == (2e-5 if name.startswith("full") else 2e-4)
 
 
-def test_variants_are_derived_in_a_line():
-    assert with_gc(qlora()) == replace(METHODS["qlora_gc"])
-    assert METHODS["qlora_gc"].lora_r == 8 and METHODS["qlora_gc"].lora_alpha == 16
+@pytest.mark.parametrize("variant, base, changed", [
+    ("qlora_gc", "qlora", {"gradient_checkpointing"}),
+    ("lora_zero3", "lora", {"zero_stage"}),
+    ("qlora_zero2_gc", "qlora_gc", {"zero_stage"}),
+    ("full_zero3_gc", "full", {"zero_stage", "gradient_checkpointing"}),
+    ("qlora", "lora", {"quantization"}),
+    ("infer_int4", "infer_fp16", {"quantization"}),
+])
+def test_a_variant_differs_from_its_base_in_what_its_name_says_only(variant, base, changed):
+    a, b = asdict(METHODS[variant]), asdict(METHODS[base])
+    assert {k for k in a if a[k] != b[k]} - {"name", "description"} == changed
 
 
 def test_unknown_method_lists_valid_names():
@@ -39,7 +46,7 @@ def test_unknown_method_lists_valid_names():
 
 
 def test_registry_imports_no_torch():
-    code = "import sys, profkit.methods, profkit.presets, profkit.store; assert 'torch' not in sys.modules"
+    code = "import sys, profkit.core.methods, profkit.core.presets, profkit.store; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from profkit import store
-from profkit.analyze import breakdown, noise
-from profkit.report import tables
+from profkit.analyze import breakdown, noise, views
+from profkit.report import findings
 from tests.conftest import run_cli
 
 REPEATABLE = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "4", "--profiled-steps", "2"]
@@ -39,7 +39,7 @@ def test_repetitions_are_one_run_of_fresh_processes(repeated):
 
 def test_a_method_against_itself_claims_no_difference(repeated):
     bd = breakdown([repeated])
-    (sentence,) = tables.delta_sentences(bd, "lora/rep0")
+    (sentence,) = findings.delta_sentences(bd, "lora/rep0")
     assert "no measurable time difference in any category" in sentence
     assert "clean step: no measurable difference" in sentence
     out = run_cli("breakdown", str(repeated), env={"COLUMNS": "80"})
@@ -48,10 +48,10 @@ def test_a_method_against_itself_claims_no_difference(repeated):
 
 def test_gradient_checkpointings_recompute_is_claimed(matrix):
     bd = breakdown([matrix / "lora", matrix / "lora_gc"])
-    tim = tables.time_per_step(bd)
+    tim = views.time_per_step(bd)
     diff = noise.category(bd, "lora", "lora_gc", "recompute", 0.0, float(tim.loc["lora_gc", "recompute"]))
     assert diff.measurable and diff.value > 0
-    (sentence,) = tables.delta_sentences(bd, "lora")
+    (sentence,) = findings.delta_sentences(bd, "lora")
     assert "recompute +" in sentence
 
 
@@ -59,3 +59,15 @@ def test_gradient_checkpointings_recompute_is_claimed(matrix):
                                            ((0.0, 0.0), (0.1, 0.2), True), ((1.0, 1.0), (1.0, 1.0), False)])
 def test_a_difference_is_claimed_only_when_the_ranges_do_not_overlap(a, b, claimed):
     assert noise.Difference(b[0] - a[0], a, b).measurable is claimed
+
+
+def test_the_viewer_opens_each_repetition_of_a_repeated_run(repeated):
+    """`profkit view` finds runs as the analysis does: a --repeats run is its repetitions, each one openable."""
+    from profkit.report import viewer
+
+    runs = viewer.find_view_runs(repeated)
+    assert [r.name for r in runs] == ["lora/rep0", "lora/rep1"]
+    state = viewer.ViewerState(repeated, runs, "memory")
+    state.open("lora/rep1", "memory")
+    events = json.loads(state.current.read_text())["traceEvents"]
+    assert any(e.get("ph") == "C" for e in events) and any(e.get("cat") == "profkit_phase" for e in events)

@@ -11,7 +11,7 @@ import pytest
 
 from profkit import store
 from profkit.analyze import breakdown
-from profkit.presets import get_preset
+from profkit.core.presets import get_preset
 from tests.conftest import FAST, run_cli
 
 QUICK_TINY = ["--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1", "--profiled-steps", "1"]
@@ -106,3 +106,25 @@ def test_settings_that_make_no_sense_exit_2(args, message, tmp_path):
         out = run_cli(*command)
         assert out.returncode == 2 and message in out.stderr.replace("\n", " "), (command, out.stderr)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_reports_command_records_the_same_run_again(tmp_path):
+    """The report's reproduction command is built from each run's own settings (RunSettings.to_argv): run as
+    printed, it records a run with the same name and the same settings."""
+    import shlex
+
+    from profkit.report.document import record_commands
+
+    first, again = tmp_path / "first", tmp_path / "again"
+    result = run_cli("record", "lora", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj", "--seq-len", "32",
+                     *FAST, "-o", str(first))
+    assert result.returncode == 0, result.stderr
+    (command,) = record_commands(breakdown([first]))
+    assert "--lora-rank 4" in command and "--lora-targets q_proj,v_proj" in command and "--seq-len 32" in command
+    argv = shlex.split(command)
+    assert argv[:2] == ["profkit", "record"]
+    result = run_cli(*argv[2:], "-o", str(again))
+    assert result.returncode == 0, result.stderr
+    (run,) = [p.name for p in first.iterdir() if not p.name.startswith(".")]
+    settings = [json.loads((d / run / store.MANIFEST).read_text())["run_settings"] for d in (first, again)]
+    assert settings[0] == settings[1]

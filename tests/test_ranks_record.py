@@ -7,7 +7,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import pytest
 
 from profkit import store
 from profkit.analyze import breakdown, ranks
+from profkit.report import findings
 from tests.conftest import FAST, run_cli, terminal_session
 
 NPROC = ["--nproc", "2"]
@@ -102,7 +102,7 @@ def test_the_breakdown_shows_each_rank_and_the_view_across_them(two_ranks_bd):
         assert memory.loc[run, "parameters_bytes"] == held
         assert 0.5 <= memory.loc[run, "parameters_fraction"] < 0.9
         assert memory.loc[f"qlora_zero2-nproc2/rank{k}", "parameters_fraction"] == pytest.approx(1.0)
-    text = " ".join(ranks.sentences(bd))
+    text = " ".join(findings.rank_sentences(bd))
     assert "lora_zero3-nproc2 (2 of 2 ranks): each rank holds" in text and "ZeRO-3 splits" in text
     assert "ZeRO-2 partitions gradients and optimizer state only" in text
 
@@ -178,7 +178,7 @@ def _rank_process(parent: subprocess.Popen, rank: int, timeout: float = 180) -> 
                 env = proc.environ()
             except (psutil.AccessDenied, psutil.NoSuchProcess):
                 continue
-            if env.get("RANK") == str(rank) and "profkit.worker" in " ".join(proc.cmdline()):
+            if env.get("RANK") == str(rank) and "profkit.launch.worker" in " ".join(proc.cmdline()):
                 return proc
         time.sleep(0.5)
     raise AssertionError(f"rank {rank} never started")

@@ -7,8 +7,8 @@ import pytest
 from torch_tb_profiler.consts import WORKER_PATTERN
 
 from profkit.analyze.trace import load_trace
-from profkit.methods import METHODS
-from profkit.presets import get_preset
+from profkit.core.methods import METHODS
+from profkit.core.presets import get_preset
 from tests.conftest import run_cli
 
 MICRO = get_preset("micro").config

@@ -16,8 +16,8 @@ import torch
 import profkit
 from profkit import store
 from profkit.analyze import breakdown
-from profkit.manifest import SCHEMA_VERSION
-from profkit.presets import get_preset
+from profkit.core.presets import get_preset
+from profkit.store.manifest import SCHEMA_VERSION
 from tests.conftest import FAST, run_cli
 
 README = Path(__file__).parent.parent / "README.md"

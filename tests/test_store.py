@@ -3,7 +3,7 @@ import json
 import pytest
 
 from profkit import store
-from profkit.manifest import RunRecord
+from profkit.store.manifest import RunRecord
 
 
 def make_partial(root, run, status):
@@ -49,7 +49,7 @@ def test_a_users_directory_is_never_replaced(tmp_path):
 
 
 def _rank(status, reason=None):
-    from profkit.manifest import RunRecord
+    from profkit.store.manifest import RunRecord
     return RunRecord(run="r", method="lora_zero2", kind="train", settings={}, status=status, reason=reason)
 
 
@@ -62,7 +62,7 @@ def _rank(status, reason=None):
     ({0: "ok", 1: "incomplete"}, None, "incomplete", 1),
 ])
 def test_a_run_of_ranks_is_ok_only_if_every_rank_is_and_names_the_cause(ranks, cause, status, named):
-    from profkit.manifest import combine
+    from profkit.store.manifest import combine
     records = {k: (_rank(s, f"reason {k}") if s else None) for k, s in ranks.items()}
     run = combine(_rank("interrupted"), len(ranks), records, "no manifest", cause=cause)
     assert run.status == status and run.world_size == len(ranks)

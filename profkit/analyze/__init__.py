@@ -7,19 +7,27 @@ every problem with the file it concerns, so one bad input never stops the others
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import multiprocessing
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
+import psutil
 
-from profkit import labels, store
-from profkit.manifest import ManifestError, RunRecord
+from profkit import store
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, kv_cache_at, load_timeline, phase_windows
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
-from profkit.analyze.trace_memory import LIVE_COLUMNS, PEAK_COLUMNS, analyze_trace_memory
 from profkit.analyze.trace import TraceError, load_trace
+from profkit.analyze.snapshot import SnapshotError, analyse_snapshot
+from profkit.analyze.trace_memory import LIVE_COLUMNS, PEAK_COLUMNS, analyze_trace_memory
+from profkit.core import labels
+from profkit.core.units import human_bytes as h
+from profkit.store.manifest import ManifestError, RunRecord
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 MEMORY_COLUMNS = ["run", "method", "category", "phase", "bytes"]
@@ -130,9 +138,6 @@ def _run_sources(path: Path) -> list[Source]:
 def _unique_names(sources: list[Source]) -> list[Source]:
     """Runs of the same name from different directories (two recordings of ``lora``) are told apart by their
     parent directory's name, and by a counter if that is not enough: a run name is a table column."""
-    from collections import Counter
-    from dataclasses import replace
-
     counts = Counter(s.run for s in sources)
     renamed = [replace(s, run=f"{s.path.parent.name}/{s.run}") if counts[s.run] > 1 else s for s in sources]
     seen: Counter = Counter()
@@ -244,9 +249,6 @@ def _analyse_all(sources: list[Source], jobs: int | None):
     workers = max(1, min(workers, len(sources)))
     if workers == 1:
         return [_analyse_one(src) for src in sources]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
     # spawn: workers start from a clean interpreter, not a fork of a process that may hold threads (torch, a
     # GUI), and no server process outlives the analysis (forkserver's would).
     ctx = multiprocessing.get_context("spawn")
@@ -258,12 +260,9 @@ def _analyse_all(sources: list[Source], jobs: int | None):
 
 
 def _auto_workers(sizes: list[int]) -> int:
-    import os
-
     if len(sizes) < 2 or sum(sizes) < PARALLEL_MIN_BYTES:
         return 1
     try:
-        import psutil
         available = psutil.virtual_memory().available
     except Exception:
         return 1
@@ -387,8 +386,6 @@ def _allocator_snapshot(src: Source, run_dir: store.RunDir, row: dict, c: _Colle
                         problems: list[Problem]) -> None:
     """A CUDA run's allocator snapshot (at an OOM, the OOM's): ``allocator_overhead`` (reserved - allocated) split
     into wholly free cached segments and free blocks inside segments in use (fragmentation), at the dump."""
-    from profkit.analyze.snapshot import SnapshotError, analyse_snapshot
-
     path = next((p for p in (run_dir.oom_snapshot, run_dir.cuda_snapshot) if p.is_file()), None)
     if path is None:
         return
@@ -402,7 +399,6 @@ def _allocator_snapshot(src: Source, run_dir: store.RunDir, row: dict, c: _Colle
     row.update(allocator_cached_free_bytes=int(d.empty_segment_bytes.sum()),
                allocator_fragmentation_bytes=int(d.inactive_split_bytes.sum()),
                largest_free_block_bytes=int(d.largest_free_block_bytes.max()))
-    from profkit.report.units import human_bytes as h
     notes.append(f"allocator snapshot ({path.name}, at the end of the memory cycle): reserved - allocated = "
                  f"{h(int(d.free_in_reserved_bytes.sum()))}, of which {h(row['allocator_cached_free_bytes'])} in "
                  f"wholly free cached segments and {h(row['allocator_fragmentation_bytes'])} in free blocks inside "

@@ -30,13 +30,11 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from profkit import labels
 from profkit.analyze.trace import Trace, read_json
-from profkit.manifest import RunRecord
+from profkit.core import labels
+from profkit.core.categories import MEMORY_CATEGORIES  # noqa: F401  re-exported: analyze's public vocabulary
+from profkit.store.manifest import RunRecord
 
-MEMORY_CATEGORIES = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "gradients",
-                     "optimizer_state", "kv_cache", "activations", "temporaries", "allocator_overhead",
-                     "unattributed")
 # torch.profiler._memory_profiler category indices in the raw export (_CATEGORY_TO_INDEX order).
 TIMELINE_CATEGORIES = ("PARAMETER", "OPTIMIZER_STATE", "INPUT", "TEMPORARY", "ACTIVATION", "GRADIENT",
                        "AUTOGRAD_DETAIL", "UNKNOWN")

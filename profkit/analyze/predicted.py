@@ -1,4 +1,4 @@
-"""Predicted against measured: the estimate a run recorded in its manifest (``profkit.estimate``, made
+"""Predicted against measured: the estimate a run recorded in its manifest (``profkit.predict.estimate``, made
 before the run) set beside the memory breakdown of the same run.
 
 Each category is compared where both sides mean the same instant: parameters and optimizer state (static)

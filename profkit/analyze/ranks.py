@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from profkit.analyze import Breakdown
+from profkit.analyze.views import time_per_step
 
 ACROSS_COLUMNS = ["group", "category", "min_s", "median_s", "max_s", "slowest_rank", "ranks"]
 RANK_COLUMNS = ["group", "run", "rank", "step_s", "start_skew_ms", "communication_s", "communication_overlapped_s"]
@@ -34,9 +35,7 @@ def groups(bd: Breakdown) -> dict[str, list[str]]:
     return out
 
 
-def _per_rank_time(bd: Breakdown, runs: list[str]) -> pd.DataFrame:
-    from profkit.report.tables import time_per_step
-
+def per_rank_time(bd: Breakdown, runs: list[str]) -> pd.DataFrame:
     return time_per_step(bd).reindex(runs).fillna(0.0)
 
 
@@ -44,7 +43,7 @@ def across_ranks(bd: Breakdown) -> pd.DataFrame:
     rows = []
     rank_of = bd.runs.set_index("run")["rank"]
     for group, runs in groups(bd).items():
-        t = _per_rank_time(bd, runs)
+        t = per_rank_time(bd, runs)
         for category in t.columns:
             col = t[category]
             rows.append({"group": group, "category": category, "min_s": float(col.min()),
@@ -93,39 +92,3 @@ def rank_memory(bd: Breakdown) -> pd.DataFrame:
                            optimizer_state_bytes=sum(x["bytes"] for x in inv if x["owner"] == "optimizer_state"))
             rows.append(row)
     return pd.DataFrame(rows, columns=MEMORY_COLUMNS)
-
-
-def sentences(bd: Breakdown) -> list[str]:
-    """Per group: the slowest rank and the category that makes it slow, and the step-start skew."""
-    from profkit.report.units import human_seconds
-
-    out = []
-    summary = rank_summary(bd)
-    for group, runs in groups(bd).items():
-        s = summary[summary.group == group].set_index("run")
-        slow = s.step_s.idxmax()
-        t = _per_rank_time(bd, runs)
-        excess = (t.loc[slow] - t.median()).sort_values(ascending=False)
-        out.append(f"{group}: the slowest rank is {int(s.loc[slow, 'rank'])} ({human_seconds(s.loc[slow, 'step_s'])} "
-                   f"per step against a median of {human_seconds(s.step_s.median())}), most of it in {excess.index[0]} "
-                   f"(+{human_seconds(excess.iloc[0])} over the median rank's); the first profiled step started "
-                   f"{s.start_skew_ms.max():.2f} ms apart between the earliest and the latest rank.")
-        waits = s.communication_s.idxmax()
-        if s.loc[waits, "start_skew_ms"] <= s.start_skew_ms.median() < s.start_skew_ms.max():
-            out.append(f"{group}: rank {int(s.loc[waits, 'rank'])} spends the most in communication "
-                       f"({human_seconds(s.loc[waits, 'communication_s'])} per step) and started among the earliest: "
-                       "collectives wait for the ranks that arrive last.")
-        mem = rank_memory(bd)
-        mem = mem[(mem.group == group) & mem.parameters_fraction.notna()]
-        if len(mem):
-            n = len(runs)
-            low, high = mem.parameters_fraction.min(), mem.parameters_fraction.max()
-            share = f"{low:.1%}" if high - low < 5e-4 else f"{low:.1%} to {high:.1%}"
-            record = bd.records.get(runs[0])
-            stage = (record.model.get("found") or {}).get("zero_stage") if record else None
-            why = (f"; ZeRO-3 splits each parameter {n} ways (1/{n} = {1 / n:.1%}) except those below DeepSpeed's "
-                   "persistence threshold, which every rank keeps whole" if stage == 3 else
-                   f"; ZeRO-{stage} partitions gradients and optimizer state only, so every rank holds every parameter"
-                   if stage in (1, 2) else "")
-            out.append(f"{group}: each rank holds {share} of the model's parameter bytes{why}.")
-    return out

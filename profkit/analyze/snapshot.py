@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profkit.core.units import human_bytes as h
+
 # Everything a snapshot contains; anything else in a pickle (a class, a function such as os.system) is refused.
 SAFE_BUILTINS = frozenset({"dict", "list", "tuple", "set", "frozenset", "str", "bytes", "bytearray", "int", "float",
                            "bool", "complex"})
@@ -448,7 +450,6 @@ def _verdict(oom: dict, state: dict, hist: _History, segs: list) -> dict:
     else:
         cached, largest = oom["reserved_bytes"] - oom["allocated_bytes"], None
     row.update(cached_free_bytes=cached, largest_free_block_bytes=largest)
-    from profkit.report.units import human_bytes as h
 
     if largest is not None and request <= largest:
         row.update(verdict="other stream or pool", explanation=(

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from profkit import labels
 from profkit.analyze.categories import by_name, categorize
 from profkit.analyze.trace import GPU_CATS, HOST_CATS, Trace
+from profkit.core import labels
 
 BACKWARD_NODE = "autograd::engine::evaluate_function:"
 # Older PyTorch named backward nodes directly: "NllLossBackward", "ConvolutionBackward0", AccumulateGrad.

@@ -5,17 +5,18 @@ from typing import Optional
 
 import pandas as pd
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich import box
 from rich.table import Table
 
-from profkit.analyze import Breakdown, breakdown as analyse, ranks
+from profkit.analyze import Breakdown, ranks, views
+from profkit.analyze import breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.exitcodes import Exit
 from profkit.cli.common import Format, chunks, fail_usage
-from profkit.report import findings, tables
-from profkit.report.units import human_bytes, human_seconds
+from profkit.core.exitcodes import Exit
+from profkit.core.units import human_bytes, human_seconds
+from profkit.report import findings, formats, tables
 
 EPILOG = ("Exit codes: 0 every input analysed; 1 an input could not be analysed (each is named, the others "
           "are still shown); 2 bad arguments.")
@@ -41,11 +42,11 @@ def breakdown(
     out = Console()
     err = Console(stderr=True)
     if fmt is Format.json:
-        typer.echo(tables.to_json(bd))
+        typer.echo(formats.to_json(bd))
     elif fmt is Format.csv:
-        typer.echo(tables.to_csv(bd), nl=False)
+        typer.echo(formats.to_csv(bd), nl=False)
     elif fmt is Format.markdown:
-        typer.echo(tables.to_markdown(bd, baseline))
+        typer.echo(formats.to_markdown(bd, baseline))
     else:
         _print_tables(out, bd, baseline, phase)
     if explain:
@@ -113,7 +114,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                       f"{int(r.kv_cache_tokens)}" if pd.notna(r.kv_cache_tokens) else "-")
         out.print(t)
 
-    mem = tables.memory_at(bd, phase)
+    mem = views.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
     for chunk in chunks([r for r in bd.runs.run if r in mem.index], out.width) if not mem.empty else []:
         t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
@@ -142,21 +143,21 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                 t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
         out.print(t)
 
-    tim = tables.time_per_step(bd)
+    tim = views.time_per_step(bd)
     _category_tables(out, "Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)",
                      tim, [r for r in bd.runs.run if r in tim.index])
-    gpu_runs = [r for r in tim.index if tables.primary_resource(bd, r) == "gpu"]
-    host = tables.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
+    gpu_runs = [r for r in tim.index if views.primary_resource(bd, r) == "gpu"]
+    host = views.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
     _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
                      host, gpu_runs)
     _print_ranks(out, bd)
-    for sentence in tables.idle_sentences(bd):
+    for sentence in findings.idle_sentences(bd):
         out.print(escape(sentence), highlight=False)
-    for sentence in tables.exposure_sentences(bd):
+    for sentence in findings.exposure_sentences(bd):
         out.print(escape(sentence), highlight=False)
     baseline = baseline or tables.default_baseline(bd)
     if baseline:
-        for sentence in tables.delta_sentences(bd, baseline):
+        for sentence in findings.delta_sentences(bd, baseline):
             out.print(escape(sentence), highlight=False)
     for sentence in findings.engine_differences(bd):
         out.print(escape(sentence), highlight=False)
@@ -228,7 +229,7 @@ def _print_ranks(out: Console, bd: Breakdown) -> None:
                           human_bytes(r.gradients_bytes), human_bytes(r.optimizer_state_bytes),
                           human_bytes(r.measured_peak_bytes))
             out.print(t)
-    for sentence in ranks.sentences(bd):
+    for sentence in findings.rank_sentences(bd):
         out.print(escape(sentence), highlight=False)
 
 

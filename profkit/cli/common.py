@@ -6,11 +6,10 @@ from enum import Enum
 from typing import NoReturn
 
 import typer
-
-from profkit.exitcodes import Exit
 from rich.console import Console
 from rich.markup import escape
 
+from profkit.core.exitcodes import Exit
 
 
 def fail_usage(message: str) -> NoReturn:

@@ -10,10 +10,10 @@ from rich.table import Table
 
 from profkit.cli import method_options as mo
 from profkit.cli.common import Format, chunks, fail_usage
-from profkit.methods import METHODS, Method, UnknownMethodError, resolve
-from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
-from profkit.report.units import human_bytes
-from profkit.settings import RunSettings
+from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
+from profkit.core.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
+from profkit.core.settings import RunSettings
+from profkit.core.units import human_bytes
 
 EPILOG = "Exit codes: 0 estimated; 2 bad arguments (unknown method or preset, unreadable model, a method not modelled)."
 TRAINING = [m.name for m in METHODS.values() if m.kind == "train"]
@@ -36,7 +36,7 @@ def workload_settings(preset: str, model: Optional[Path], batch_size: Optional[i
 
 def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int):
     """The estimates, or exit 2 with the estimator's reason (a method or model it does not model)."""
-    from profkit.estimate import EstimateError, estimate_methods
+    from profkit.predict.estimate import EstimateError, estimate_methods  # heavy: torch; other commands start without it
 
     if device not in ("cpu", "cuda"):
         fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
@@ -81,7 +81,7 @@ def estimate(
     settings = workload_settings(preset, model, batch_size, seq_len, max_new_tokens)
     estimates = run_estimates(chosen, settings, device, world_size)
 
-    from profkit.estimate import at_peak, frame
+    from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
     if fmt is Format.json:
         typer.echo(json.dumps([e.to_json() for e in estimates], indent=2))
@@ -102,7 +102,7 @@ def _workload(e) -> str:
 
 
 def _print(estimates, settings: RunSettings, device: str, world_size: int) -> None:
-    from profkit.estimate import at_peak
+    from profkit.predict.estimate import at_peak  # heavy: torch (see run_estimates)
 
     out = Console()
     table = at_peak(estimates)
@@ -124,7 +124,7 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         out.print(f"[dim]note: {note}[/]", highlight=False)
     reserved = next((e.reserved() for e in estimates if e.reserved()), None)
     if reserved:
-        from profkit.estimate import RESERVED_BASIS
+        from profkit.predict.estimate import RESERVED_BASIS  # heavy: torch (see run_estimates)
 
         ratios = ", ".join(f"{r:.2f}" for r in reserved["ratios"])
         out.print(f"[dim]note: {RESERVED_BASIS.format(ratios=ratios)}[/]", highlight=False)

@@ -1,5 +1,5 @@
 """The method settings that ``record`` and ``estimate`` both take on top of a method name: each maps onto one
-field of ``profkit.methods.Method`` (``methods.OVERRIDES``); the registry gives the defaults."""
+field of ``profkit.core.methods.Method`` (``methods.OVERRIDES``); the registry gives the defaults."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Optional
 import typer
 
 from profkit.cli.common import fail_usage
-from profkit.methods import (ALL_LINEAR, ATTENTIONS, OPTIMIZERS, PRECISIONS, QUANT_TYPES, ZERO_OFFLOADS, Method,
-                             OverrideError, with_overrides)
+from profkit.core.methods import (ALL_LINEAR, ATTENTIONS, OPTIMIZERS, PRECISIONS, QUANT_TYPES, ZERO_OFFLOADS, Method,
+                                  OverrideError, with_overrides)
 
 PANEL = "Method settings (default: the registry's; `profkit methods`)"
 

@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from profkit.methods import METHODS
+from profkit.core.methods import METHODS
 
 
 def methods(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON.")) -> None:

@@ -9,15 +9,16 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from profkit import recommend as ranking
 from profkit import store
+from profkit.analyze import breakdown
 from profkit.cli.common import fail_usage
-from profkit.exitcodes import Exit
 from profkit.cli.estimate_cmd import run_estimates, workload_settings
-from profkit.methods import METHODS
-from profkit.presets import DEFAULT_PRESET, PRESETS
-from profkit.report.units import human_bytes, human_seconds, parse_bytes
-from profkit.settings import RunSettings
+from profkit.core.exitcodes import Exit
+from profkit.core.methods import METHODS
+from profkit.core.presets import DEFAULT_PRESET, PRESETS
+from profkit.core.settings import RunSettings
+from profkit.core.units import human_bytes, human_seconds, parse_bytes
+from profkit.predict import recommend as ranking
 
 EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits the budget (the closest are "
           "shown); 2 bad arguments.")
@@ -50,8 +51,6 @@ def recommend(
 
 
 def _training_runs(path: Path):
-    from profkit.analyze import breakdown
-
     if not path.exists():
         fail_usage(f"{path}: no such file or directory")
     bd = breakdown([path])

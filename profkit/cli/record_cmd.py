@@ -8,14 +8,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profkit import runner
 from profkit.cli import method_options as mo
 from profkit.cli.common import fail_usage
-from profkit.exitcodes import Exit
-from profkit.report.units import human_bytes
-from profkit.methods import METHODS, Method, UnknownMethodError, resolve
-from profkit.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
-from profkit.settings import RunSettings
+from profkit.core.exitcodes import Exit
+from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
+from profkit.core.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
+from profkit.core.settings import RunSettings
+from profkit.core.units import human_bytes
+from profkit.launch import runner
 
 ENGINES = ("loop", "trainer")
 from profkit.store import DEFAULT_ROOT

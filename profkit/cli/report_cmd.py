@@ -6,7 +6,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from profkit.exitcodes import Exit
+from profkit.core.exitcodes import Exit
 
 
 def report(

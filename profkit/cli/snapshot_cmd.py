@@ -13,8 +13,8 @@ from rich.table import Table
 
 from profkit.analyze.snapshot import SnapshotAnalysis, SnapshotError, analyse_snapshot
 from profkit.cli.common import Format
-from profkit.exitcodes import Exit
-from profkit.report.units import human_bytes
+from profkit.core.exitcodes import Exit
+from profkit.core.units import human_bytes
 
 EPILOG = ("Exit codes: 0 every snapshot analysed; 1 a file could not be read (each is named, the others are still "
           "shown); 2 bad arguments.")
@@ -56,7 +56,7 @@ def snapshot(
         for r in results:
             _print(out, r)
     if plot is not None:
-        from profkit.report.plots import snapshot_timeline
+        from profkit.report.plots import snapshot_timeline  # heavy: matplotlib, for --plot only
 
         for i, r in enumerate(results):
             target = plot if len(results) == 1 else plot.with_name(f"{plot.stem}-{i + 1}{plot.suffix}")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import shutil
 import webbrowser
 from pathlib import Path
 from typing import Optional
@@ -9,7 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from profkit import store
+from profkit.analyze import breakdown
 from profkit.cli.common import fail_usage
+from profkit.report.viewer import CYCLES, ViewError, ViewerState, find_view_runs, make_server
 
 
 def view(
@@ -29,8 +32,6 @@ def view(
     if tensorboard:
         _tensorboard(path, port)
         return
-    from profkit.report.viewer import CYCLES, ViewError, ViewerState, find_view_runs, make_server
-
     if cycle not in CYCLES:
         fail_usage(f"unknown cycle {cycle!r}; valid: {', '.join(CYCLES)}")
     runs = find_view_runs(path)
@@ -54,13 +55,11 @@ def view(
         console.print("stopped", highlight=False)
     finally:
         server.server_close()
-        import shutil
         shutil.rmtree(state.tmp, ignore_errors=True)
 
 
 def _tensorboard(path: Path, port: Optional[int]) -> None:
-    from profkit.analyze import breakdown
-    from profkit.report.tensorboard import start_server, write_scalars
+    from profkit.report.tensorboard import start_server, write_scalars  # heavy: torch's TensorBoard writer
 
     if not path.is_dir():
         fail_usage(f"{path}: not a directory of runs")

@@ -4,17 +4,19 @@ images inline. Everything in it comes from one Breakdown, so its numbers are the
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import markdown
 import pandas as pd
 
-from profkit.analyze import Breakdown, breakdown
+from profkit.analyze import Breakdown, breakdown, ranks, views
+from profkit.core.settings import RunSettings
+from profkit.core.units import human_bytes, human_seconds
 from profkit.report import findings, plots, tables
-from profkit.report.units import human_bytes, human_seconds
 
 PLOTS = {
     "memory_by_owner.png": ("Memory at the peak, by owner", plots.memory_bars),
@@ -57,26 +59,23 @@ def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -
     return Report(md_path, html_path, images, bd)
 
 
-def _record_command(bd: Breakdown, settings: dict) -> str:
-    by_engine: dict[str, list[str]] = {}
-    for r in bd.records.values():
-        if r.run_settings:  # recorded by `profkit record` (a user's own session has no command)
-            by_engine.setdefault(r.engine, []).append(r.method)
-    return "\n".join(_one_command(" ".join(dict.fromkeys(methods)), settings, engine)
-                     for engine, methods in by_engine.items())
-
-
-def _one_command(methods: str, settings: dict, engine: str) -> str:
-    model = f"--model {shlex.quote(settings['model_path'])}" if settings.get("model_path") else f"--preset {settings.get('preset')}"
-    parts = [f"profkit record {methods} {model}", f"--batch-size {settings.get('batch_size')}",
-             f"--seq-len {settings.get('seq_len')}", f"--warmup-steps {settings.get('warmup_steps')}",
-             f"--steps {settings.get('timed_steps')}", f"--profiled-steps {settings.get('profiled_steps')}",
-             f"--device {settings.get('device')}"]
-    if settings.get("dataset_path"):
-        parts.append(f"--dataset {shlex.quote(settings['dataset_path'])}")
-    if engine != "loop":
-        parts.append(f"--engine {engine}")
-    return " ".join(parts)
+def record_commands(bd: Breakdown) -> list[str]:
+    """``profkit record`` command lines that record the runs again, each from its own settings (methods, method
+    settings, sizes, engine, ranks, repetitions); runs that differ only in their method share one command."""
+    repetitions: dict[str, set] = {}
+    settings: dict[str, RunSettings] = {}
+    for rec in bd.records.values():
+        if not rec.run_settings:  # a user's own session has no command
+            continue
+        s = RunSettings.from_json(rec.run_settings)
+        key = json.dumps({**s.to_json(), "repeats": 1}, sort_keys=True)
+        settings.setdefault(key, s)
+        repetitions.setdefault(key, set()).add(rec.repetition)
+    commands: dict[str, list[str]] = {}
+    for key, s in settings.items():
+        argv = replace(s, repeats=max(len(repetitions[key]), s.repeats)).to_argv()
+        commands.setdefault(shlex.join(argv[1:]), []).append(argv[0])
+    return [f"profkit record {shlex.join(dict.fromkeys(methods))} {rest}" for rest, methods in commands.items()]
 
 
 def _context(bd: Breakdown) -> list[str]:
@@ -93,7 +92,7 @@ def _context(bd: Breakdown) -> list[str]:
                   f"- Versions: {versions}",
                   f"- Recorded at git commit {m.git_commit or 'unknown'}"]
         if rs:
-            lines += ["", "Record (each method is run in a fresh process):", "", "```bash", _record_command(bd, rs), "```"]
+            lines += ["", "Record (each method is run in a fresh process):", "", "```bash", *record_commands(bd), "```"]
         break
     return lines
 
@@ -113,9 +112,9 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
         if img.name == "memory_by_owner.png":
             parts += ["", "Bytes at the run's peak (profkit's reconciliation: inventory first, then the profiler's "
                           "timeline; `unattributed` is what is left of the measured peak).", "",
-                      tables.memory_at(bd).map(human_bytes).T.to_markdown()]
+                      views.memory_at(bd).map(human_bytes).T.to_markdown()]
         if img.name == "time_by_category.png":
-            tim = tables.time_per_step(bd)
+            tim = views.time_per_step(bd)
             share = tim.div(tim.sum(axis=1), axis=0)
             parts += ["", "Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time), as a share of "
                           "the step and as profiled. The profiler's own cost inflates absolute times unevenly: a share "
@@ -134,7 +133,7 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
     parts += _allocator_sections(bd, snapshot_images or {})
     baseline = tables.default_baseline(bd)
     if baseline:
-        parts += ["", f"## Against {baseline}", ""] + [f"- {s}" for s in tables.delta_sentences(bd, baseline)]
+        parts += ["", f"## Against {baseline}", ""] + [f"- {s}" for s in findings.delta_sentences(bd, baseline)]
     notes = [f"- {run}: {n}" for run, ns in bd.notes.items() for n in ns]
     if notes:
         parts += ["", "## Notes", ""] + sorted(set(notes))
@@ -194,8 +193,6 @@ def _allocator_sections(bd: Breakdown, images: dict[str, Path]) -> list[str]:
 
 
 def _rank_tables(bd: Breakdown) -> list[str]:
-    from profkit.analyze import ranks
-
     per_rank = ranks.rank_summary(bd)
     memory = ranks.rank_memory(bd)
     out = []
@@ -231,7 +228,6 @@ def _runs_table(bd: Breakdown) -> str:
             "measured peak": human_bytes(r.get("measured_peak_bytes")),
             "reason": r.get("reason") if isinstance(r.get("reason"), str) else "",
         })
-    import pandas as pd
     return pd.DataFrame(rows).to_markdown(index=False)
 
 

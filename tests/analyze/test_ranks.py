@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from profkit.analyze import breakdown, ranks
+from profkit.report import findings
 from tests.conftest import GPU_TRACES, run_cli
 
 DLRM = GPU_TRACES / "dlrm_8rank"
@@ -61,7 +62,7 @@ def test_across_ranks_table_and_finding(dlrm):
     per_rank = ranks.rank_summary(dlrm)
     assert comm.max_s == pytest.approx(per_rank.communication_s.max())  # exposed communication, per step
     assert int(per_rank.loc[per_rank.communication_s.idxmax(), "rank"]) == comm.slowest_rank
-    text = " ".join(ranks.sentences(dlrm))
+    text = " ".join(findings.rank_sentences(dlrm))
     slowest = int(per_rank.loc[per_rank.step_s.idxmax(), "rank"])
     assert f"the slowest rank is {slowest}" in text
 

@@ -6,7 +6,7 @@ from profkit.analyze import breakdown
 from profkit.analyze.categories import TIME_CATEGORIES, by_name, categorize
 from profkit.analyze.time import analyze_time, exposed_time
 from profkit.analyze.trace import load_trace
-from profkit.methods import METHODS
+from profkit.core.methods import METHODS
 from tests.conftest import GPU_TRACES
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-from profkit.presets import DEFAULT_PRESET, get_preset
+from profkit.core.methods import METHODS, get_method, with_overrides
+from profkit.core.presets import DEFAULT_PRESET, get_preset
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,6 @@ class RunSettings:
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""
-        from profkit.methods import METHODS
-
         p = get_preset(self.preset)
         # Serving is measured one request at a time unless asked (the preset's batch is a training batch).
         inference = self.method in METHODS and METHODS[self.method].kind == "infer"
@@ -40,8 +39,6 @@ class RunSettings:
 
     def method_spec(self):
         """The registry's method with this run's command-line settings."""
-        from profkit.methods import get_method, with_overrides
-
         return with_overrides(get_method(self.method), **self.overrides)
 
     @property
@@ -50,6 +47,32 @@ class RunSettings:
         profkit's own loop and the rank count when it is more than one, so that such runs sit side by side."""
         return (self.method_spec().label + ("" if self.engine == "loop" else f"-{self.engine}")
                 + ("" if self.nproc == 1 else f"-nproc{self.nproc}"))
+
+    def to_argv(self) -> list[str]:
+        """The ``profkit record`` arguments that record this run again (the output directory aside): the inverse
+        of the command line, for the report's reproduction command."""
+        argv = [self.method, *(["--model", self.model_path] if self.model_path else ["--preset", self.preset])]
+        if self.dataset_path:
+            argv += ["--dataset", self.dataset_path]
+        argv += ["--device", self.device]
+        generates = self.method in METHODS and METHODS[self.method].kind == "infer"
+        for flag, value in (("--batch-size", self.batch_size), ("--seq-len", self.seq_len),
+                            ("--max-new-tokens", self.max_new_tokens if generates else None)):
+            if value is not None:
+                argv += [flag, str(value)]
+        argv += ["--warmup-steps", str(self.warmup_steps), "--steps", str(self.timed_steps),
+                 "--profiled-steps", str(self.profiled_steps)]
+        for flag, value, default in (("--engine", self.engine, "loop"), ("--nproc", self.nproc, 1),
+                                     ("--repeats", self.repeats, 1)):
+            if value != default:
+                argv += [flag, str(value)]
+        for option, value in self.overrides.items():  # OVERRIDES' names are the command line's
+            flag = "--" + option.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(flag if value else f"--no-{flag[2:]}")
+            else:
+                argv += [flag, ",".join(value) if isinstance(value, (list, tuple)) else str(value)]
+        return argv
 
     def to_json(self) -> dict:
         return asdict(self)

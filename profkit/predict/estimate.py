@@ -15,7 +15,7 @@ quantizes. From it:
   gradient checkpointing that is what is held at the end of forward. With it, only what lies outside the
   checkpointed layers is saved, plus each layer's inputs; during backward one layer is recomputed at a time.
 - ZeRO's buffers are DeepSpeed's defaults, or for the Trainer engine Hugging Face's "auto" sizes
-  (``workload.zero_buffers``), and what ZeRO partitions across
+  (``model.zero.zero_buffers``), and what ZeRO partitions across
   ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too.
 
 Two things the meta device does not do as the target device would, so they are set here (the reason for
@@ -44,9 +44,15 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import DynamicCache, masking_utils
+from transformers.modeling_layers import GradientCheckpointingLayer
 
-from profkit.analyze.memory import MEMORY_CATEGORIES
-from profkit.methods import Method
+from profkit.core.bundled import bundled
+from profkit.core.categories import MEMORY_CATEGORIES
+from profkit.core.methods import Method
+from profkit.core.quiet import library_output
+from profkit.model.build import meta_model, model_config
+from profkit.model.zero import zero_buffers
 
 Target = Literal["cpu", "cuda"]
 # The breakdown's categories, less the two only a measurement has.
@@ -103,8 +109,6 @@ RESERVED_BASIS = ("reserved: the predicted allocated peak x the CUDA caching all
 @functools.cache  # read once: every estimate's table and JSON ask for it
 def reserved_ratios() -> list[float]:
     """Peak reserved over peak allocated, measured on real allocator snapshots (``profkit/data/allocator``)."""
-    from profkit.workload import bundled
-
     return sorted(float(r) for r in pd.read_csv(bundled("allocator/reserved_over_allocated.csv")).ratio)
 
 
@@ -236,19 +240,18 @@ class _TargetDevice(torch.overrides.TorchFunctionMode):
 @contextlib.contextmanager
 def _contiguous_batches():
     """transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors cannot
-    answer; profkit's batches and prompts are contiguous blocks, for which the answer is "none"."""
-    from unittest import mock
-
-    from transformers import masking_utils
-
-    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+    answer; profkit's batches and prompts are contiguous blocks, for which the answer is "none". transformers
+    offers no argument for it, so its function is swapped for the answer while the meta forward runs."""
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
         yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
 
 
 def _decoder_layers(model) -> list:
     """The units gradient checkpointing wraps: transformers' checkpointable decoder layers."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
     return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
@@ -351,8 +354,6 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
              target: Target = "cuda", model_name: str = "", engine: str = "loop", new_tokens: int = 1) -> Estimate:
     """Training: one step at ``batch_size`` x ``seq_len``. Inference: generate() of ``new_tokens`` after a prompt
     of ``batch_size`` x ``seq_len`` tokens."""
-    from profkit.quiet import library_output
-
     # peft, bitsandbytes and DeepSpeed announce themselves at import and warn about their own deprecations.
     with library_output():
         if method.kind == "infer":
@@ -363,8 +364,6 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
 
 def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int, target: Target,
               model_name: str, engine: str) -> Estimate:
-    from profkit import workload
-
     if method.zero_stage and method.optimizer != "adamw" and engine == "trainer":
         raise EstimateError(f"{method.label}: the Trainer engine with ZeRO and {method.optimizer} is not modelled")
     if world_size < 1:
@@ -372,7 +371,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     if world_size > 1 and not method.zero_stage:
         raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO method (plain data parallelism "
                             "replicates everything; estimate with --world-size 1)")
-    model, quantized, plan = workload.meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
     notes: list[str] = list(plan.notes)
     if target == "cuda" and method.precision == "auto":
         notes.append("CUDA target: bf16 autocast and bf16 frozen weights (a GPU with bf16 support); flash "
@@ -391,7 +390,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     backward_temporaries = 0
     gathered: set[int] = set()
     if method.zero_stage:
-        buffers = workload.zero_buffers(method.zero_stage, config, engine)
+        buffers = zero_buffers(method.zero_stage, config, engine)
         part = math.ceil(n_trainable / world_size)
         trainable_elem = trainable[0].element_size()
         bucket = buffers["reduce_bucket_size"] * trainable_elem
@@ -528,8 +527,6 @@ def _cache_tensors(cache) -> list[torch.Tensor]:
 def _generate_pass(model, input_ids, cache, target: Target, autocast, static: list[torch.Tensor]):
     """One forward pass as generate() makes it (the last position's logits only, then its fp32 copy and the
     min-new-tokens processor's copy), under a live-storage tracker. Returns the tracker and the cache."""
-    from transformers import DynamicCache
-
     cache = cache if cache is not None else DynamicCache(config=model.config)
     with torch.inference_mode(), _LiveStorages(static, [input_ids, *_cache_tensors(cache)]) as live, \
             _TargetDevice(target, autocast):
@@ -547,11 +544,9 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
     """generate(): the prompt's forward pass (prefill) and the last new token's (decode, the largest cache),
     each simulated on the meta device with every storage's lifetime followed. The KV cache at each instant is
     the cache as that pass leaves it, as the breakdown measures it."""
-    from profkit import workload
-
     if world_size != 1:
         raise EstimateError(f"{method.name}: generation is estimated on one device (world size 1)")
-    model, quantized, plan = workload.meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
     model.config.use_cache = True
     cpu_packed = bool(quantized) and target == "cpu" and _bnb_packs_for_this_cpu()
     params, parts, _ = _parameters(model, quantized, method.double_quant if quantized else False, cpu_packed)
@@ -617,7 +612,7 @@ def _lengthened(cache, positions: int):
 def _bnb_packs_for_this_cpu() -> bool:
     """Whether bitsandbytes takes its packed CPU inference path here (it asks the CPU for AVX512-BF16)."""
     try:
-        from bitsandbytes.functional import has_avx512bf16
+        from bitsandbytes.functional import has_avx512bf16  # optional: absent, the CPU path is not taken
     except Exception:  # no bitsandbytes, or an older one without the CPU path
         return False
     return bool(has_avx512bf16())
@@ -632,10 +627,8 @@ def _storage_bytes(tensors: list[torch.Tensor]) -> int:
 
 def estimate_run(method: Method, settings, target: Target, world_size: int = 1) -> Estimate:
     """The estimate for what ``RunSettings`` describe (preset or local model, batch and length)."""
-    from profkit import workload
-
     settings = replace(settings, method=method.name).resolved()  # the method decides the default batch
-    return estimate(method, workload.model_config(settings), settings.batch_size, settings.seq_len, world_size,
+    return estimate(method, model_config(settings), settings.batch_size, settings.seq_len, world_size,
                     target, settings.model_path or settings.preset, settings.engine, settings.max_new_tokens)
 
 

@@ -1,5 +1,5 @@
-"""One method, recorded in a fresh process (``python -m profkit.worker``), so allocator state and peaks
-never leak between methods. The parent (``profkit.runner``) passes the settings, a partial run
+"""One method, recorded in a fresh process (``python -m profkit.launch.worker``), so allocator state and peaks
+never leak between methods. The parent (``profkit.launch.runner``) passes the settings, a partial run
 directory and a pipe for progress events; this process builds the workload, steps a ``profkit.Session``
 over it, and exits with a code that names the outcome. Library chatter goes to the run's log, not the pipe."""
 
@@ -13,19 +13,19 @@ import sys
 import traceback
 from pathlib import Path
 
-from profkit.exitcodes import for_status
-from profkit.manifest import RunRecord, new_record, now
-from profkit.settings import RunSettings
+from profkit.core.exitcodes import for_status
+from profkit.core.settings import RunSettings
 from profkit.store import RunDir
-
+from profkit.store.manifest import RunRecord, new_record, now
 
 
 def predict(method, settings: RunSettings, device: str) -> dict:
     """The estimator's prediction for this run (one rank's share), or the reason there is none (it never fails
     the run)."""
-    from profkit.estimate import estimate_run
-
     try:
+        # heavy (torch, transformers, peft): imported in the worker only, where its failure is the run's outcome
+        from profkit.predict.estimate import estimate_run
+
         return estimate_run(method, settings, device, settings.nproc).to_json()
     except Exception as exc:  # an estimate is advisory: a model it cannot handle still gets recorded
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -46,9 +46,12 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
     emit(event="start", total_steps=settings.total_steps)
     sessions: list = []
     try:
-        from profkit import describe
-        from profkit.session import Session, device_info
-        from profkit.workload import build, resolve_device
+        # Inside the try: a library that fails to import (torch, transformers, peft...) is this run's recorded
+        # failure, not a worker that dies without a manifest.
+        from profkit.launch.workload import build
+        from profkit.model.build import resolve_device
+        from profkit.record import describe
+        from profkit.record.session import Session, device_info
 
         device = resolve_device(settings.device)
         record.device = device_info(device)
@@ -71,7 +74,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
             raise RuntimeError(f"the {settings.engine} engine ended without starting a profiling session")
         sessions[-1].close()  # the Trainer closes it at the end of training; a no-op then
     except BaseException as exc:  # every outcome, including Ctrl-C, is recorded with its status
-        from profkit.session import classify
+        from profkit.record.session import classify  # heavy (torch): see the imports above
 
         if sessions:
             sessions[-1].close(exc)  # a no-op if it was closed already

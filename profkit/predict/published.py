@@ -11,6 +11,10 @@ import json
 from pathlib import Path
 
 import pandas as pd
+from transformers import AutoConfig
+
+from profkit.core.methods import get_method, with_overrides
+from profkit.predict.estimate import estimate
 
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
 
@@ -18,11 +22,6 @@ UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
 def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
     """One row per published figure: the estimate's peak and the relative error. ``models`` (default:
     ``models.json`` beside the table) holds each model's Hugging Face configuration with its source."""
-    from transformers import AutoConfig
-
-    from profkit.estimate import estimate
-    from profkit.methods import get_method, with_overrides
-
     configs = json.loads((models or table.with_name("models.json")).read_text())
     rows = []
     for _, r in pd.read_csv(table, dtype={"quant_type": str}, keep_default_na=False).iterrows():

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from profkit.methods import Method
+from profkit.core.methods import Method
 
 # Optimizer wrappers that only forward to the optimizer they hold (accelerate's).
 FORWARDING_WRAPPERS = ("AcceleratedOptimizer", "DeepSpeedOptimizerWrapper")

@@ -1,4 +1,4 @@
-"""Record a list of methods, each in a fresh ``profkit.worker`` process, and commit each run.
+"""Record a list of methods, each in a fresh ``profkit.launch.worker`` process, and commit each run.
 
 The parent never imports torch: it spawns, relays progress, and decides what is committed. A worker
 that dies without writing its manifest (killed, crashed interpreter) still leaves a run marked with
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Protocol
 
 from profkit import store
-from profkit.manifest import RunRecord, combine, new_record, now
-from profkit.methods import Method
-from profkit.settings import RunSettings
+from profkit.core.methods import Method
+from profkit.core.settings import RunSettings
+from profkit.store.manifest import RunRecord, combine, new_record, now
 
 STOP_GRACE_S = 60
 
@@ -71,7 +71,7 @@ POLL_S = 0.1
 
 
 def worker_command(settings: RunSettings, partial: store.RunDir, events: Path) -> list[str]:
-    args = ["-m", "profkit.worker", "--run-dir", str(partial.path), "--settings", json.dumps(settings.to_json()),
+    args = ["-m", "profkit.launch.worker", "--run-dir", str(partial.path), "--settings", json.dumps(settings.to_json()),
             "--events", str(events)]
     if settings.nproc == 1:
         return [sys.executable, *args]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 
 def _missing(v) -> bool:
@@ -51,7 +52,6 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 
 def parse_bytes(text: str) -> int:
     """'8GiB', '7.5 GB', '512MiB' or a plain byte count."""
-    import re
 
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     unit = match.group(2).lower() if match else None

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
-
 QUANT_TYPES = ("nf4", "fp4")
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
@@ -64,6 +63,10 @@ class Method:
     def label(self) -> str:
         """The method with its command-line changes: ``lora``, ``lora-r16-all-linear``."""
         return f"{self.name}-{self.variant}" if self.variant else self.name
+
+
+class UnsupportedError(RuntimeError):
+    """A method that a library cannot run on this device; raised before any training."""
 
 
 class OverrideError(ValueError):

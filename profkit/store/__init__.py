@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from profkit import manifest
-from profkit.manifest import ManifestError, RunRecord
+from profkit.store import manifest
+from profkit.store.manifest import ManifestError, RunRecord
 
 MANIFEST = "manifest.json"
 TIME_TRACE = "time.pt.trace.json.gz"

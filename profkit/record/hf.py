@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from transformers import TrainerCallback as _TrainerCallback
 
-from profkit.session import Session
+from profkit.record.session import Session
 
 # TrainingArguments fields that change what a step holds or does; stored in the run's manifest.
 RELEVANT_ARGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "gradient_checkpointing",
@@ -27,6 +27,8 @@ class TrainerCallback(_TrainerCallback):
     profiling cycles, 12 with the defaults); a shorter training leaves the run marked ``incomplete``.
     """
 
+    session_class = Session  # profkit.TrainerCallback's records the estimate too (profkit.api)
+
     def __init__(self, path: str | Path | None = None, *, warmup_steps: int = 2, timed_steps: int = 5,
                  profiled_steps: int = 2, memory_steps: int = 1,
                  session_factory: Callable[[Any, Any], Session] | None = None, stop_when_done: bool = False):
@@ -35,8 +37,8 @@ class TrainerCallback(_TrainerCallback):
             raise TypeError("TrainerCallback(path): give the run directory to record into")
         schedule = dict(warmup_steps=warmup_steps, timed_steps=timed_steps, profiled_steps=profiled_steps,
                         memory_steps=memory_steps)
-        self._factory = session_factory or (lambda model, optimizer: Session(path, model, optimizer, engine="trainer",
-                                                                             **schedule))
+        self._factory = session_factory or (lambda model, optimizer: self.session_class(
+            path, model, optimizer, engine="trainer", **schedule))
         self.session: Session | None = None
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):

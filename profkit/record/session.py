@@ -30,33 +30,38 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import platform
 import resource
 import statistics
 import sys
-import threading
 import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import psutil
 import torch
-from torch.autograd.profiler import record_function
+import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from profkit import describe, labels, store
-from profkit.inventory import take_inventory
-from profkit.quiet import library_output
-from profkit.manifest import RunRecord, new_record, now
-from profkit.methods import Method
+from profkit import store
+from profkit.core.methods import UnsupportedError
+from profkit.core.quiet import library_output
+from profkit.record import describe
+from profkit.record.inventory import take_inventory
+from profkit.record.phases import PhaseLabels
+from profkit.store.manifest import RunRecord, new_record, now
 
 Progress = Callable[[str], None]  # called with the phase name after every step
+# What the estimate predicts for the live setup: (model, run record, (batch, sequence) seen, world size, device)
+# -> the estimate's JSON, or {"error": reason}. Passed in by the caller: recording does not depend on predicting.
+Predict = Callable[[Any, RunRecord, tuple[int, int], int, str], dict]
 
 # Enough allocator events for several steps of a 3B model; older events are dropped first.
 CUDA_HISTORY_MAX_ENTRIES = 200_000
 PHASES = ("warmup", "timed", "time_profile", "memory_profile")
 MEMORY_CYCLE_ATTEMPTS = 3  # torch's memory timeline export fails now and then; the cycle is run again
-NORM_CLASS_SUFFIXES = ("RMSNorm", "LayerNorm", "GroupNorm", "BatchNorm1d", "BatchNorm2d")
 
 
 _OPEN: "weakref.ref[Session] | None" = None  # the session open in this process, if any
@@ -69,7 +74,8 @@ class Session:
     def __init__(self, path: str | Path, model: Any, optimizer: Any = None, *, warmup_steps: int = 2,
                  timed_steps: int = 5, profiled_steps: int = 2, memory_steps: int = 1,
                  progress: Progress | None = None, tokens_per_step: int | None = None,
-                 engine: str = "session", record: RunRecord | None = None, commit: bool = True):
+                 engine: str = "session", record: RunRecord | None = None, commit: bool = True,
+                 predict: Predict | None = None):
         for name, value in (("warmup_steps", warmup_steps), ("timed_steps", timed_steps),
                             ("profiled_steps", profiled_steps), ("memory_steps", memory_steps)):
             if not isinstance(value, int) or value < (0 if name == "warmup_steps" else 1):
@@ -117,13 +123,14 @@ class Session:
         self._last_loss = None
         self._input_shape: tuple | None = None
         self._prof: profile | None = None
-        self._labels = _Labels(self)
+        self._labels = PhaseLabels(self)
         self._t0 = time.perf_counter()
         self._always: list = []
         self._finalizer = None
         self._world: tuple[int, int] | None = None  # (rank, world size) under torch.distributed, from start()
         self._timeline_error: str | None = None
         self._memory_attempts = 1
+        self._predict = predict
 
     # ------------------------------------------------------------------ public
 
@@ -308,7 +315,6 @@ class Session:
                 self._end_memory_cycle()
                 if self._world is not None:
                     # Every rank runs the cycle again if any rank must: ranks step together (collectives).
-                    import torch.distributed as dist
                     flag = torch.tensor([1.0 if self._timeline_error else 0.0],
                                         device="cuda" if self.cuda else "cpu")
                     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
@@ -331,8 +337,6 @@ class Session:
         self.record.timings = {"step_times_s": self._times, "step_time_s": median, "tokens_per_step": tokens,
                                "tokens_per_s": tokens / median if median > 0 else None, "losses": self._losses}
         if self.inference and self._latency["ttft_s"]:
-            import numpy as np
-
             ttft, tpot = self._latency["ttft_s"], self._latency["tpot_s"] or [float("nan")]
             self.record.timings.update(
                 ttft_s=ttft, tpot_s=tpot, ttft_median_s=float(np.median(ttft)),
@@ -387,29 +391,17 @@ class Session:
             with self._native_output():
                 prof.stop()  # mid-cycle, this still exports what was captured
 
-    def _estimate(self) -> dict:
-        """What ``profkit estimate`` predicts for this setup (the method read from the live objects, the model's
-        config, the batch the forward saw), so that ``breakdown`` sets it beside the measurement. Advisory: a
-        setup the estimator does not model gets the reason instead."""
-        from profkit.estimate import estimate
-        from profkit.methods import get_method
-
-        config = getattr(self.parts.model, "config", None)
-        if config is None or self._input_shape is None:
-            return {"error": "no estimate: not a Hugging Face model with a config, or no token batch was seen"}
-        found = self.record.model.get("found", {})
-        if found.get("quantization") not in (None, "nf4", "fp4"):
-            return {"error": f"no estimate: the estimator models NF4, not {found.get('quantization')}"}
+    def _estimate(self) -> dict | None:
+        """The caller's prediction for this setup (the method read from the live objects, the batch the forward
+        saw), so that ``breakdown`` sets it beside the measurement; None without a predictor."""
+        if self._predict is None:
+            return None
+        if self._input_shape is None:
+            return {"error": "no estimate: no token batch was seen"}
+        world = self._world[1] if self._world is not None else 1
         try:
-            fields = {k: v for k, v in found.items() if k in get_method("lora").__dataclass_fields__ and k != "method"}
-            fields["lora_targets"] = tuple(fields.get("lora_targets") or ())
-            method = Method(**{**fields, "name": found.get("method", "custom"), "kind": "train",
-                               "description": "found on the live objects"})
-            batch, seq = self._input_shape
-            world = self._world[1] if self._world is not None and method.zero_stage else 1
-            return estimate(method, config, batch, seq, world, "cuda" if self.cuda else "cpu", type(config).__name__,
-                            "trainer" if self.record.engine == "trainer" else "loop").to_json()
-        except Exception as exc:  # never fails a run
+            return self._predict(self.parts.model, self.record, self._input_shape, world, self.device)
+        except Exception as exc:  # an estimate is advisory: it never fails a run
             return {"error": f"no estimate: {type(exc).__name__}: {exc}"}
 
     def _take_inventory(self) -> None:
@@ -463,7 +455,6 @@ class Session:
             **kwargs,
         )
         prof.preset_metadata_json("profkit", json.dumps({"run": self.record.run, "method": self.record.method}))
-        import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()):
             # Kineto writes distributedInfo only under torch.distributed; HTA needs a rank to load a trace.
             prof.preset_metadata_json("distributedInfo", json.dumps({"backend": "none", "rank": 0, "world_size": 1}))
@@ -486,177 +477,6 @@ class Session:
         rec.wall_s = time.perf_counter() - self._t0
         rec.files = sorted(p.name for p in self.run_dir.path.iterdir() if not p.name.startswith("."))
         self.run_dir.write_manifest(rec.to_json())
-
-
-class _Labels:
-    """The phase labels of the profiling cycles: hooks installed for those cycles only, so timed steps run
-    with nothing added. Ranges are opened and closed on the thread that runs the code they label."""
-
-    def __init__(self, session: Session):
-        self.session = session
-        self.handles: list = []
-        self.patched: list[tuple[Any, str, Any, bool]] = []  # (object, attribute, original, was instance attr)
-        self.local = threading.local()
-        self.data = None
-        self.active = False
-
-    def _local(self, name: str, default):
-        if not hasattr(self.local, name):
-            setattr(self.local, name, default)
-        return getattr(self.local, name)
-
-    # -- install / remove
-
-    def install(self) -> None:
-        if self.active:
-            return
-        self.active = True
-        s = self.session
-        model = s.parts.model
-        self.handles.append(model.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
-        self.handles.append(model.register_forward_hook(self._forward_post, always_call=True))
-        # Hooks cost a few microseconds per call: only on normalization layers.
-        for module in model.modules():
-            if module is not model and type(module).__name__.endswith(NORM_CLASS_SUFFIXES):
-                self.handles.append(module.register_forward_pre_hook(self._module_pre))
-                self.handles.append(module.register_forward_hook(self._module_post, always_call=True))
-        # Gradient checkpointing: transformers (and peft, TRL) checkpoint through each layer's
-        # ``_gradient_checkpointing_func``, bound when checkpointing was enabled; other code calls
-        # ``torch.utils.checkpoint.checkpoint``. Both are wrapped so the recomputation is labelled.
-        if s.parts.optimizer is not None:
-            import torch.utils.checkpoint as checkpoint_module
-            for module in model.modules():
-                func = vars(module).get("_gradient_checkpointing_func")
-                if func is not None:
-                    self._patch(module, "_gradient_checkpointing_func", self._recompute_labelled(func))
-            self._patch(checkpoint_module, "checkpoint", self._recompute_labelled(checkpoint_module.checkpoint))
-        self._patch(torch.autograd, "backward", self._wrap(torch.autograd.backward, labels.BACKWARD))
-        self._label_optimizer()
-
-    def _label_optimizer(self) -> None:
-        p = self.session.parts
-        if p.engine is not None:
-            self._patch(p.engine, "step", self._wrap(p.engine.step, labels.OPTIMIZER, inventory=True))
-        elif isinstance(p.optimizer, torch.optim.Optimizer):
-            self.handles.append(p.optimizer.register_step_pre_hook(lambda *a: self._optimizer_pre()))
-            self.handles.append(p.optimizer.register_step_post_hook(lambda *a: self._optimizer_post()))
-        elif p.optimizer is not None and callable(getattr(p.optimizer, "step", None)):
-            self._patch(p.optimizer, "step", self._wrap(p.optimizer.step, labels.OPTIMIZER, inventory=True))
-
-    def _patch(self, obj: Any, attr: str, replacement: Any) -> None:
-        had = attr in vars(obj)
-        self.patched.append((obj, attr, vars(obj).get(attr), had))
-        setattr(obj, attr, replacement)
-
-    def remove(self) -> None:
-        self.close_data()
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
-        for obj, attr, original, had in reversed(self.patched):
-            if had:
-                setattr(obj, attr, original)
-            else:
-                delattr(obj, attr)
-        self.patched.clear()
-        self.active = False
-
-    # -- ranges
-
-    @staticmethod
-    def _open(name: str):
-        rf = record_function(name)
-        rf.__enter__()
-        return rf
-
-    def open_data(self) -> None:
-        # Training only: between one optimizer step and the next forward is the data loading. Inference has
-        # no such boundary (generate() calls forward once per token), so its loop labels data itself.
-        if self.active and self.data is None and self.session.parts.optimizer is not None:
-            self.data = self._open(labels.DATA)
-
-    def close_data(self) -> None:
-        if self.data is not None:
-            self.data.__exit__(None, None, None)
-            self.data = None
-
-    def _wrap(self, fn: Callable, name: str, inventory: bool = False) -> Callable:
-        def labelled(*args, **kwargs):
-            if inventory:
-                self._maybe_inventory()
-            inside = self._local("inside", set())
-            if name in inside:  # DeepSpeed's step calling a wrapped step, a backward inside a backward
-                return fn(*args, **kwargs)
-            inside.add(name)
-            try:
-                with record_function(name):
-                    return fn(*args, **kwargs)
-            finally:
-                inside.discard(name)
-        labelled.__wrapped__ = fn
-        return labelled
-
-    def _maybe_inventory(self) -> None:
-        if self.session._inventory_due():
-            self.session._take_inventory()
-
-    def _optimizer_pre(self) -> None:
-        self._maybe_inventory()
-        self.local.optimizer = self._open(labels.OPTIMIZER)
-
-    def _optimizer_post(self) -> None:
-        rf = self._local("optimizer", None)
-        if rf is not None:
-            rf.__exit__(None, None, None)
-            self.local.optimizer = None
-
-    def _forward_pre(self, module, args, kwargs) -> None:
-        self.close_data()
-        stack = self._local("forward", [])
-        outermost = not any(stack)
-        if self.session.inference:
-            # generate(): the prompt's pass (several tokens per row) is the prefill, each later pass a decode.
-            ids = _token_ids(args, kwargs)
-            label = labels.PREFILL if ids is not None and ids.shape[-1] > 1 else labels.DECODE
-            stack.append(self._open(label) if outermost else None)
-            return
-        labelled = torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1 and outermost
-        stack.append(self._open(labels.FORWARD) if labelled else None)
-
-    def _forward_post(self, module, args, output) -> None:
-        stack = self._local("forward", [])
-        if stack:
-            rf = stack.pop()
-            if rf is not None:
-                rf.__exit__(None, None, None)
-
-    @staticmethod
-    def _recompute_labelled(checkpoint_func: Callable) -> Callable:
-        def checkpoint(function, *args, **kwargs):
-            def run(*a, **k):
-                # Inside autograd's backward a graph task is running: this call is the recomputation.
-                if torch._C._current_graph_task_id() != -1:
-                    with record_function(labels.RECOMPUTE):
-                        return function(*a, **k)
-                return function(*a, **k)
-            return checkpoint_func(run, *args, **kwargs)
-        checkpoint.__wrapped__ = checkpoint_func
-        return checkpoint
-
-    def _module_pre(self, module, args) -> None:
-        self._local("modules", []).append(self._open(labels.NORM))
-
-    def _module_post(self, module, args, output) -> None:
-        stack = self._local("modules", [])
-        if stack:
-            stack.pop().__exit__(None, None, None)
-
-
-def _token_ids(args, kwargs):
-    ids = kwargs.get("input_ids") if kwargs else None
-    if ids is None:
-        ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    return ids if isinstance(ids, torch.Tensor) else None
 
 
 def kv_cache_inventory(cache) -> dict:
@@ -686,7 +506,6 @@ def _device_of(model: torch.nn.Module) -> str:
 
 def _world() -> tuple[int, int] | None:
     """(rank, world size) under torch.distributed with more than one rank, else None."""
-    import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_rank(), dist.get_world_size()
@@ -695,7 +514,6 @@ def _world() -> tuple[int, int] | None:
 
 def _agree_on(path: Path | None) -> Path:
     """Rank 0's ``path``, on every rank (a collective: every rank starts its session at its first step)."""
-    import torch.distributed as dist
 
     box = [str(path) if path is not None else None]
     dist.broadcast_object_list(box, src=0)
@@ -703,8 +521,6 @@ def _agree_on(path: Path | None) -> Path:
 
 
 def device_info(device: str) -> dict:
-    import platform
-
     info = {"type": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "platform": platform.platform()}
     if device == "cuda" and torch.cuda.is_available():
@@ -729,7 +545,7 @@ def classify(exc: BaseException) -> str:
         return "oom"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    if type(exc).__name__ == "UnsupportedError":
+    if isinstance(exc, UnsupportedError):
         return "unsupported"
     return "failed"
 

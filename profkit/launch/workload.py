@@ -1,0 +1,163 @@
+"""The workload of a recording: a built method (model, optimizer, data, DeepSpeed engine) and one step of it, in
+profkit's own loop, through ``transformers.Trainer``, or as ``generate()``. ``run(make_session)`` steps a session
+until it has every step it needs; the session labels the phases, the loop only calls ``session.step()``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.profiler import record_function
+from transformers import Trainer, TrainingArguments
+
+from profkit.core import labels
+from profkit.core.methods import Method, UnsupportedError
+from profkit.core.settings import RunSettings
+from profkit.model.build import (build_model, make_optimizer, plan, setting_unsupported, tokenizer_for,
+                                 unsupported_reason)
+from profkit.model.data import inference_prompts, token_blocks, training_batches
+from profkit.model.zero import init_process_group, trainer_deepspeed_config
+from profkit.record.hf import TrainerCallback
+from profkit.record.session import MEMORY_CYCLE_ATTEMPTS
+
+
+@dataclass
+class Workload:
+    """A built method: the objects that hold memory, and ``run(session)``, which trains or generates until the
+    session has every step it needs. The session labels the phases; the loop only calls ``session.step()``."""
+
+    method: Method
+    device: str
+    model: Any  # the nn.Module, or the DeepSpeed engine around it
+    optimizer: Any  # torch optimizer, or DeepSpeed's ZeRO optimizer
+    step: Callable[[], None] | None  # one step of profkit's own loop (None: another engine drives the loop)
+    tokens_per_step: int
+    run_loop: Callable[[Any], None] | None = None
+
+    def run(self, make_session: Callable[[Any, Any], Any]) -> None:
+        """Train (or generate) until the session has every step it needs. ``make_session(model, optimizer)``
+        is called once the objects exist: for the Trainer engine, when the Trainer has built its optimizer."""
+        if self.run_loop is not None:
+            self.run_loop(make_session)
+            return
+        with make_session(self.model, self.optimizer) as session:
+            while not session.done:
+                self.step()
+                session.step()
+
+
+def _autocast(device: str, dtype: torch.dtype | None):
+    return torch.autocast(device, dtype=dtype) if dtype is not None else nullcontext()
+
+
+def build(method: Method, settings: RunSettings, device: str) -> Workload:
+    reason = unsupported_reason(method, device)
+    if not reason and settings.engine == "trainer" and settings.nproc > 1 and device == "cpu":
+        # accelerate (under the Trainer) starts its distributed state only for accelerators, or with use_cpu,
+        # which turns DeepSpeed off: on CPU every rank would count itself as the only process.
+        reason = ("the Trainer on several CPU ranks: accelerate, under the Trainer, sees one process per rank "
+                  "unless use_cpu is set, and use_cpu turns DeepSpeed off; use --engine loop, or GPUs")
+    if not reason:
+        reason = setting_unsupported(method, device)
+    if reason:
+        raise UnsupportedError(reason)
+    torch.manual_seed(settings.seed)
+    tokenizer = tokenizer_for(settings)
+    model = build_model(method, settings, device)
+    if method.kind == "infer":
+        return _inference_workload(method, settings, device, tokenizer, model)
+
+    if settings.engine == "trainer":
+        return _trainer_workload(method, settings, device, tokenizer, model)
+    batches = training_batches(tokenizer, settings, device, int(os.environ.get("RANK", 0)) if settings.nproc > 1 else 0)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(method, trainable)
+    autocast = plan(method, device).autocast
+    engine = None
+    if method.zero_stage:
+        import deepspeed  # optional: ZeRO methods only (build checked it imports)
+        init_process_group(device)
+        zero: dict[str, Any] = {"stage": method.zero_stage}
+        if method.zero_offload != "none":
+            zero["offload_optimizer"] = {"device": "cpu"}
+            if method.zero_offload == "optimizer+params":
+                zero["offload_param"] = {"device": "cpu"}
+        ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
+                     "zero_optimization": zero, "zero_allow_untested_optimizer": True,
+                     "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+
+    def step() -> None:
+        batch = next(batches)
+        with _autocast(device, autocast):
+            loss = (engine or model)(**batch).loss
+        if engine:
+            engine.backward(loss)
+            engine.step()
+        else:
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    return Workload(method, device, engine or model, optimizer, step, settings.batch_size * settings.seq_len)
+
+
+TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
+                 "sgd": "sgd"}
+
+
+def _trainer_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
+    """The method through ``transformers.Trainer``, as the reference study and most users run it: precision and
+    gradient checkpointing from ``TrainingArguments``, ZeRO from a DeepSpeed config with "auto" sizes."""
+    blocks = token_blocks(tokenizer, settings)
+    dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
+    p = plan(method, device)
+    if method.zero_stage:
+        init_process_group(device)
+    out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
+    args = TrainingArguments(
+        # Room for the memory cycles the session may run again; it stops the Trainer once it has what it needs.
+        output_dir=out_dir, per_device_train_batch_size=settings.batch_size,
+        max_steps=settings.total_steps + (MEMORY_CYCLE_ATTEMPTS - 1) * (1 + settings.memory_steps),
+        learning_rate=method.learning_rate, lr_scheduler_type="constant", optim=TRAINER_OPTIM[method.optimizer],
+        gradient_checkpointing=method.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,
+        bf16=p.autocast == torch.bfloat16, fp16=p.autocast == torch.float16,
+        use_cpu=device == "cpu" and not method.zero_stage, deepspeed=trainer_deepspeed_config(method.zero_stage, method.zero_offload)
+        if method.zero_stage else None, seed=settings.seed, data_seed=settings.seed, report_to="none",
+        save_strategy="no", logging_strategy="no", disable_tqdm=True, remove_unused_columns=False,
+        dataloader_pin_memory=device == "cuda")
+
+    def run_loop(make_session) -> None:
+        trainer = Trainer(model=model, args=args, train_dataset=dataset,
+                          callbacks=[TrainerCallback(session_factory=make_session, stop_when_done=True)])
+        try:
+            trainer.train()
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    return Workload(method, device, model, None, None, settings.batch_size * settings.seq_len, run_loop)
+
+
+def _inference_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
+    prompts = inference_prompts(tokenizer, settings, device)
+    new_tokens = settings.max_new_tokens
+    autocast = plan(method, device).autocast
+
+    @torch.inference_mode()
+    def step() -> None:
+        # Inference has no optimizer step for the session to time data loading against: labelled here.
+        with record_function(labels.DATA):
+            input_ids = next(prompts)
+        with record_function(labels.GENERATE), _autocast(device, autocast):
+            # min_new_tokens = max_new_tokens: every step generates the same count, so tokens/s compare.
+            model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           pad_token_id=tokenizer.pad_token_id)
+
+    return Workload(method, device, model, None, step, settings.batch_size * new_tokens)

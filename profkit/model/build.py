@@ -1,0 +1,294 @@
+"""What a method does to a model, decided once (``plan``) and followed by both builds: the real one
+(``build_model``, weights loaded on the device) and the one on the meta device for the estimate
+(``meta_model``: shapes and dtypes, no memory). Also which device a run uses and why a method cannot run there.
+
+Imports transformers and peft; bitsandbytes, DeepSpeed and flash-attn only where a method needs them, since
+they are optional and their import failing is a reason to report, not a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
+from transformers.quantizers.base import get_keys_to_not_convert
+from transformers.quantizers.quantizers_utils import should_convert_module
+
+from profkit.core.bundled import bundled, cache_dir
+from profkit.core.methods import ALL_LINEAR, Method, UnsupportedError
+from profkit.core.presets import get_preset
+from profkit.core.quiet import library_output
+from profkit.core.settings import RunSettings
+
+with library_output():  # peft imports bitsandbytes, whose kernel loaders announce themselves on stderr at import
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+# --------------------------------------------------------------------------- device
+
+def resolve_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {requested!r}; valid: auto, cpu, cuda")
+    return requested
+
+
+def unsupported_reason(method: Method, device: str) -> str | None:
+    """Why ``method`` cannot run on ``device`` with the installed libraries, or None if it can."""
+    if device == "cuda" and not torch.cuda.is_available():
+        return "CUDA was requested but torch.cuda.is_available() is False (no GPU or a CPU-only torch build)"
+    if method.quantization == "nf4":
+        try:
+            import bitsandbytes  # noqa: F401  optional: its failing import is the reason reported
+        except Exception as exc:  # bitsandbytes raises assorted errors when its native library is missing
+            return f"NF4 quantization needs bitsandbytes, which failed to import: {exc}"
+    if method.zero_stage:
+        try:
+            import deepspeed  # noqa: F401  optional: its failing import is the reason reported
+        except Exception as exc:
+            return f"ZeRO-{method.zero_stage} needs DeepSpeed, which failed to import: {exc}"
+        backend = "nccl" if device == "cuda" else "gloo"
+        available = dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available())
+        if not available:
+            return f"ZeRO-{method.zero_stage} needs the torch.distributed {backend} backend, which this torch build lacks"
+    return None
+
+
+def half_dtype(device: str) -> torch.dtype:
+    """Storage dtype of frozen weights and of inference: bf16 on GPUs that have it, fp16 on older ones,
+    fp32 on CPU (CPU half-precision matmuls are emulated and would distort the time breakdown)."""
+    if device == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+# --------------------------------------------------------------------------- model
+
+def tokenizer_for(settings: RunSettings):
+    if settings.model_path:
+        tok = AutoTokenizer.from_pretrained(settings.model_path, local_files_only=True)
+    else:
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(bundled("tokenizer.json")), bos_token="<|bos|>",
+                                      eos_token="<|eos|>", pad_token="<|pad|>")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def materialize_preset(name: str) -> Path:
+    """A local checkpoint with the preset's random weights (seed 0), built once and cached.
+
+    Every method then loads through the same ``from_pretrained`` path as a user's own checkpoint, so
+    quantized loading (which transformers only offers at load time) works for presets too.
+    """
+    preset = get_preset(name)
+    digest = hashlib.sha256(json.dumps(preset.config, sort_keys=True).encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{name}-{digest}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        config = AutoConfig.for_model(**preset.config)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if preset.name == "llama-3.2-3b" else torch.float32)
+        model.save_pretrained(tmp)
+        tokenizer_for(RunSettings(method="", preset=name)).save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process materialized it first
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def model_config(settings: RunSettings):
+    """The Hugging Face config of the model a run would load (a local path's, or the preset's); no weights."""
+    if settings.model_path:
+        return AutoConfig.from_pretrained(settings.model_path, local_files_only=True)
+    return AutoConfig.for_model(**get_preset(settings.preset).config)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What a method does to a model on a device. ``plan`` is the one place that decides it; the real build
+    (``build_model``) and the meta-device build for the estimate (``meta_model``) both follow it."""
+
+    precision: str  # the effective precision (auto resolved)
+    load_dtype: torch.dtype  # weights that are not quantized, as loaded
+    autocast: torch.dtype | None  # the forward's autocast dtype; None: none
+    quantization: Any  # transformers' BitsAndBytesConfig, or None
+    kbit_prep: bool  # peft's prepare_model_for_kbit_training (QLoRA's casts of the unquantized weights)
+    gradient_checkpointing: bool
+    lora: Any  # peft's LoraConfig, or None
+    lora_dtype_follows_base: bool  # bf16-pure: the adapters in bf16 too (peft keeps them fp32 otherwise)
+    attn_implementation: str  # what transformers builds the attention with
+    notes: tuple[str, ...] = ()
+
+
+def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelPlan:
+    """``half``: the device's half precision (default: what this machine's ``device`` supports; the estimator
+    passes bf16 for a CUDA target it does not have)."""
+    half = half or half_dtype(device)
+    notes: list[str] = []
+    precision = method.precision
+    if precision == "auto":
+        precision = "fp32" if device == "cpu" else ("bf16-mixed" if half == torch.bfloat16 else "fp16-mixed")
+    half = {"bf16-mixed": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision,
+                                                                                                      torch.float32)
+    if method.kind == "infer":
+        load = half
+    elif precision == "fp32" or (precision.endswith("-mixed") and method.adapter == "none"):
+        load = torch.float32  # trainable full fine-tuning weights stay fp32 under mixed precision
+    else:
+        load = half  # frozen bases in half precision; bf16-pure: everything
+    quant = None
+    if method.quantization:
+
+        compute = half if half != torch.float32 else torch.float32
+        quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=method.quantization,
+                                   bnb_4bit_use_double_quant=method.double_quant, bnb_4bit_compute_dtype=compute)
+    lora = None
+    if method.adapter == "lora":
+
+
+        targets = ALL_LINEAR if method.lora_targets == (ALL_LINEAR,) else list(method.lora_targets)
+        lora = LoraConfig(r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
+                          target_modules=targets, task_type="CAUSAL_LM")
+    attention = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}[method.attention]
+    if method.attention == "flash" and device == "cpu":
+        attention = "sdpa"
+        notes.append("--attention flash on CPU: flash-attention 2 is CUDA-only; sdpa runs, which on CPU picks "
+                     "PyTorch's own flash kernel for CPU")
+    return ModelPlan(precision, load, half if precision.endswith("-mixed") else None, quant,
+                     bool(method.quantization) and method.kind == "train", method.gradient_checkpointing and
+                     method.kind == "train", lora, precision == "bf16-pure", attention, tuple(notes))
+
+
+def make_optimizer(method: Method, params: list):
+    """The method's optimizer over ``params``."""
+    if method.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=method.learning_rate)  # no momentum: no state
+    if method.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        import bitsandbytes as bnb  # optional: the 8-bit optimizers only
+
+        cls = bnb.optim.PagedAdamW8bit if method.optimizer == "paged-adamw-8bit" else bnb.optim.AdamW8bit
+        return cls(params, lr=method.learning_rate)
+    return torch.optim.AdamW(params, lr=method.learning_rate)
+
+
+def build_model(method: Method, settings: RunSettings, device: str):
+    """Load the model as ``plan`` prescribes: dtype, 4-bit, k-bit preparation, LoRA, checkpointing (which
+    the Trainer engine leaves to ``TrainingArguments``, as its users do)."""
+    p = plan(method, device)
+    path = settings.model_path or materialize_preset(settings.preset)
+    kwargs: dict[str, Any] = {"dtype": p.load_dtype, "device_map": {"": device}, "attn_implementation": p.attn_implementation}
+    if p.quantization is not None:
+        kwargs["quantization_config"] = p.quantization
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+
+    if method.kind == "infer":
+        model.eval()
+        model.requires_grad_(False)  # serving holds no trainable weights
+        _check_cpu_4bit_inference(model, device)
+        return model
+
+    model.config.use_cache = False
+    if p.kbit_prep:
+        # Casts the remaining non-quantized weights (norms, embeddings) to fp32, as QLoRA users get it.
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if p.gradient_checkpointing and settings.engine != "trainer":
+        # Non-reentrant checkpointing needs no input that requires grad, so it works with frozen embeddings.
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if p.lora is not None:
+        model = get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
+    model.train()
+    return model
+
+
+class _MetaNF4Linear(torch.nn.Linear):
+    """Stands in for bitsandbytes' ``Linear4bit`` on the meta device, where bitsandbytes cannot quantize:
+    the same frozen weight and the same dtype round trip (input cast to the compute dtype, output cast
+    back), so autograd saves what it saves for the real layer. Storage is counted by the estimator."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.to(self.weight.dtype)).to(x.dtype)
+
+
+def meta_model(method: Method, config, device: str, half: torch.dtype | None = None) -> tuple[Any, set[str], ModelPlan]:
+    """The model ``build_model`` would build, following the same ``plan``, on the meta device (shapes and dtypes,
+    no memory), and the names of the parameters that would be stored in 4 bits. Used by the estimator; no
+    weights needed."""
+    p = plan(method, device, half)
+    attention = "sdpa" if p.attn_implementation == "flash_attention_2" else p.attn_implementation  # same saves
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=p.load_dtype, attn_implementation=attention)
+    quantized_ids: set[int] = set()
+    if p.quantization is not None:
+        # transformers' own rule for which Linear layers bitsandbytes replaces.
+        keep = get_keys_to_not_convert(model)
+        for name, module in list(model.named_modules()):
+            if type(module) is torch.nn.Linear and should_convert_module(name, keep):
+                module.__class__ = _MetaNF4Linear
+                quantized_ids.add(id(module.weight))
+    if p.kbit_prep:
+        # What peft's prepare_model_for_kbit_training does to the weights that stay unquantized.
+        for prm in model.parameters():
+            prm.requires_grad_(False)
+            if id(prm) not in quantized_ids and prm.dtype in (torch.float16, torch.bfloat16):
+                prm.data = prm.data.float()
+    model.config.use_cache = False
+    if method.kind == "infer":
+        model.requires_grad_(False)
+        model.eval()
+    elif p.lora is not None:
+        model = get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
+    if method.kind == "train":
+        model.train()
+    return model, {n for n, prm in model.named_parameters() if id(prm) in quantized_ids}, p
+
+
+def _check_cpu_4bit_inference(model, device: str) -> None:
+    """bitsandbytes' CPU inference path (taken on CPUs with AVX512-BF16) repacks 4-bit weights in blocks of
+    32 output features and asserts deep inside generate(); say so before running instead."""
+    if device != "cpu":
+        return
+    block = 32
+    for name, module in model.named_modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False) and module.out_features % block:
+            raise UnsupportedError(
+                f"bitsandbytes' CPU 4-bit inference kernel needs every quantized layer's output size to be a "
+                f"multiple of {block}; {name} has {module.out_features}")
+
+
+
+def setting_unsupported(method: Method, device: str) -> str | None:
+    """Why a command-line setting cannot run here, checked before any training."""
+    if method.zero_offload != "none" and device == "cpu":
+        return "--zero-offload moves state from the GPU to host memory; on CPU everything is in host memory already"
+    if method.attention == "flash" and device == "cuda":
+        try:
+            import flash_attn  # noqa: F401  optional: its failing import is the reason reported
+        except Exception as exc:
+            return f"--attention flash needs the flash-attn package, which failed to import: {exc}"
+    if method.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        try:
+            import bitsandbytes as bnb  # optional: the 8-bit optimizers only
+            probe = torch.nn.Parameter(torch.zeros(4096, device=device))
+            opt = make_optimizer(method, [probe])
+            probe.grad = torch.ones_like(probe)
+            opt.step()  # bitsandbytes' 8-bit optimizers need a kernel for this device: try one step
+        except Exception as exc:
+            return (f"--optimizer {method.optimizer}: bitsandbytes {getattr(bnb, '__version__', '?')} cannot step "
+                    f"it on {device} ({type(exc).__name__}: {str(exc)[:200]})")
+    return None

@@ -1,0 +1,79 @@
+"""DeepSpeed ZeRO as profkit runs it: the process group, the config a Trainer user writes, and the buffer sizes
+that follow from it (which the estimate needs). DeepSpeed is imported where used: it is optional."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import torch.distributed as dist
+from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+
+def init_process_group(device: str) -> None:
+    """The process group DeepSpeed needs: torchrun's ranks when it launched us (its environment wins), else a
+    group of one on a free local port."""
+    import deepspeed  # optional: only ZeRO methods need it, and unsupported_reason reports its absence
+
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+
+
+def zero_buffers(stage: int, config=None, engine: str = "loop") -> dict[str, int]:
+    """The ZeRO settings that size DeepSpeed's buffers, as profkit runs them, read from DeepSpeed's config class
+    rather than restated: DeepSpeed's own defaults for profkit's loop; for the Trainer engine, Hugging Face's
+    template with its "auto" sizes filled in by transformers' own ``trainer_config_finalize`` from ``config``."""
+    # DeepSpeed's logger writes to the stdout it finds at import; keep it off a command's JSON or CSV output.
+    with contextlib.redirect_stdout(sys.stderr):
+        from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # optional: ZeRO methods only
+
+    zero: dict = {"stage": stage}
+    if engine == "trainer":
+        hf = HfTrainerDeepSpeedConfig(trainer_deepspeed_config(stage))
+        hf.trainer_config_finalize(SimpleNamespace(get_warmup_steps=lambda steps: 0), SimpleNamespace(config=config), 1)
+        zero = {k: v for k, v in hf.config["zero_optimization"].items()}
+        del hf  # its weak reference tells from_pretrained that ZeRO-3 is on: drop it now
+    config = DeepSpeedZeroConfig(**zero)
+    return {"reduce_bucket_size": int(config.reduce_bucket_size),
+            "prefetch_bucket_size": int(config.prefetch_bucket_size),
+            "max_live_parameters": int(config.max_live_parameters),
+            "param_persistence_threshold": int(config.param_persistence_threshold)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trainer_deepspeed_config(stage: int, offload: str = "none") -> dict:
+    """The DeepSpeed config of a Trainer user: Hugging Face's documented ZeRO-2/3 templates, whose sizes are
+    "auto" (the Trainer fills them from the model: reduce bucket = hidden_size^2, ZeRO-3 prefetch bucket =
+    0.9 hidden_size^2, persistence threshold = 10 hidden_size) and precision follows TrainingArguments."""
+    zero: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True,
+                            "reduce_bucket_size": "auto"}
+    if stage == 2:
+        zero.update(allgather_partitions=True, allgather_bucket_size=2e8, reduce_scatter=True)
+    else:
+        zero.update(sub_group_size=1e9, stage3_prefetch_bucket_size="auto", stage3_param_persistence_threshold="auto",
+                    stage3_max_live_parameters=1e9, stage3_max_reuse_distance=1e9,
+                    stage3_gather_16bit_weights_on_model_save=True)
+    if offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu"}
+        if offload == "optimizer+params":
+            zero["offload_param"] = {"device": "cpu"}
+    return {"bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}, "zero_optimization": zero,
+            "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
+            "train_micro_batch_size_per_gpu": "auto", "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9}
+

@@ -1,0 +1,97 @@
+"""The breakdown rendered for scripts and documents: JSON, CSV and Markdown, each from the same Breakdown and the
+same tables and findings the terminal shows."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from profkit.analyze import Breakdown
+from profkit.analyze.views import memory_at, primary_resource, time_per_step
+from profkit.core.units import mib, ms
+from profkit.report import findings, tables
+from profkit.report.tables import comparison, predicted_cells
+
+
+def _clean(value):
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):
+        return value.item()
+    return value
+
+
+def to_records(bd: Breakdown) -> list[dict]:
+    """The JSON form: one object per run with ``memory`` (bytes) and ``time`` (seconds per step) maps."""
+    mem, out = memory_at(bd), []
+    for _, r in bd.runs.iterrows():
+        run = r["run"]
+        rec = {"run": run, "method": r.get("method"), "status": r.get("status"), "reason": _clean(r.get("reason")),
+               "clean_step_time": _clean(r.get("clean_step_time_s")), "tokens_per_s": _clean(r.get("tokens_per_s")),
+               "memory": None, "time": None, "notes": bd.notes.get(run, [])}
+        if run in mem.index:
+            rec["memory"] = {c: _clean(v) for c, v in mem.loc[run].items()}
+            rec["memory"]["measured_peak"] = _clean(r.get("measured_peak_bytes"))
+            rec["memory_by_phase"] = {
+                phase: dict(zip(g.category, g.bytes.astype(int).tolist()))
+                for phase, g in bd.memory[bd.memory.run == run].groupby("phase")}
+        p = bd.predicted[bd.predicted.run == run]
+        if len(p):
+            rec["predicted_vs_measured"] = [
+                {k: _clean(v) for k, v in r.items() if k not in ("run", "method")} for r in p.to_dict("records")]
+        t = bd.time[bd.time.run == run]
+        if len(t):
+            res = primary_resource(bd, run)
+            rec["time_resource"] = res
+            rec["time"] = t[t.resource == res].groupby("category").seconds.sum().to_dict()
+            rec["time"]["step_time"] = _clean(r.get("gpu_step_time_s") if res == "gpu" else r.get("profiled_step_time_s"))
+            rec["time_by_phase"] = {phase: g.groupby("category").seconds.sum().to_dict()
+                                    for phase, g in t[t.resource == res].groupby("phase")}
+            if res == "gpu":
+                rec["time_cpu"] = t[t.resource == "cpu"].groupby("category").seconds.sum().to_dict()
+                rec["time_cpu"]["step_time"] = _clean(r.get("profiled_step_time_s"))
+                hidden = t[t.resource == "gpu"].groupby("category").overlapped_seconds.sum()
+                rec["time_overlapped"] = {c: v for c, v in hidden.items() if v > 0}
+                idle = bd.time_by_name[(bd.time_by_name.run == run) & (bd.time_by_name.category == "idle")]
+                rec["gpu_idle_by_reason"] = {n.removeprefix("idle: "): v for n, v in zip(idle.name, idle.seconds)}
+        peaks = bd.trace_memory_peaks[bd.trace_memory_peaks.run == run] if len(bd.trace_memory_peaks) else []
+        if len(peaks):
+            rec["trace_memory"] = {
+                "peaks": [{k: _clean(v) for k, v in p.items() if k not in ("run", "method")}
+                          for p in peaks.to_dict("records")],
+                "live_at_peak": [{k: _clean(v) for k, v in p.items() if k not in ("run", "method")}
+                                 for p in bd.trace_memory[bd.trace_memory.run == run].to_dict("records")]}
+        out.append(rec)
+    return out
+
+
+def to_json(bd: Breakdown) -> str:
+    return json.dumps(to_records(bd), indent=2, default=_clean)
+
+
+def to_csv(bd: Breakdown) -> str:
+    return comparison(bd).to_csv(index=False)
+
+
+def to_markdown(bd: Breakdown, baseline: str | None = None) -> str:
+    parts = []
+    runs = bd.runs.copy()
+    if not runs.empty:
+        cols = [c for c in ("run", "method", "status", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s",
+                            "measured_peak_bytes", "coverage_cpu", "reason") if c in runs]
+        parts.append("## Runs\n\n" + runs[cols].to_markdown(index=False))
+    mem = memory_at(bd)
+    if not mem.empty:
+        parts.append("## Memory at the peak (MiB)\n\n" + mem.map(mib).T.to_markdown())
+    cells = predicted_cells(bd)
+    if not cells.empty:
+        parts.append("## Memory predicted / measured (error)\n\n" + cells.to_markdown())
+    tim = time_per_step(bd)
+    if not tim.empty:
+        parts.append("## Time per profiled step (ms)\n\n" + tim.map(ms).T.to_markdown())
+    baseline = baseline or tables.default_baseline(bd)
+    if baseline:
+        lines = [f"- {s}" for s in findings.delta_sentences(bd, baseline)]
+        if lines:
+            parts.append(f"## Against {baseline}\n\n" + "\n".join(lines))
+    return "\n\n".join(parts) + "\n"
