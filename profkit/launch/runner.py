@@ -103,7 +103,7 @@ def _record_repetitions(method: Method, settings: RunSettings, root: Path, parti
     combine(record, settings.repeats, partial.read_rank_records(settings.repeats, unit="repetition"),
             "not recorded (an earlier repetition was interrupted)", unit="repetition")
     record.finished_at = now()
-    record.files = sorted(p.name for p in partial.path.iterdir() if not p.name.startswith("."))
+    record.files = partial.files()
     partial.write_manifest(record.to_json())
     final = store.commit(partial, root, settings.run)
     return Outcome(method.label, record.status, record.reason, final.path, record)
@@ -186,7 +186,7 @@ def _record_of_ranks(method: Method, settings: RunSettings, partial: store.RunDi
     if record.status == "ok" and returncode:
         record.status, record.reason = "failed", f"every rank finished, but torchrun exited with {returncode}; see {store.LOG}"
     record.finished_at = now()
-    record.files = sorted(p.name for p in partial.path.iterdir() if not p.name.startswith("."))
+    record.files = partial.files()
     return record
 
 
@@ -218,5 +218,5 @@ def _record_for_dead_worker(method: Method, settings: RunSettings, returncode: i
         status, reason = "failed", f"worker exited with code {returncode} without a manifest; see {store.LOG}"
     record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
                         run_settings=settings.to_json(), status=status, reason=reason)
-    record.files = sorted(p.name for p in partial.path.iterdir())
+    record.files = partial.files()
     return record

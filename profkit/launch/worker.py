@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from profkit.core.exitcodes import for_status
+from profkit.core.quiet import redirect_output
 from profkit.core.settings import RunSettings
 from profkit.store import RunDir
 from profkit.store.manifest import RunRecord, new_record, now
@@ -90,7 +91,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
 
 def _write(record: RunRecord, run_dir: RunDir) -> None:
     record.finished_at = now()
-    record.files = sorted(p.name for p in run_dir.path.iterdir() if not p.name.startswith("."))
+    record.files = run_dir.files()
     run_dir.write_manifest(record.to_json())
 
 
@@ -112,21 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         rank = int(os.environ["RANK"])
         run_dir = run_dir.rank(rank)
         run_dir.path.mkdir(parents=True, exist_ok=True)
-        _redirect_output(run_dir.log)
+        redirect_output(run_dir.log)  # each rank its own log: the ranks' output would interleave
     events = open(args.events, "a") if args.events is not None and not rank else open(os.devnull, "w")
     with events:
         status = run(settings, run_dir, events, rank)
     return for_status(status)
-
-
-def _redirect_output(path: Path) -> None:
-    """This process's stdout and stderr (native code included) into ``path``: the ranks' output would interleave."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+from profkit.core.ports import free_port
 
 
 def init_process_group(device: str) -> None:
@@ -48,12 +49,6 @@ def zero_buffers(stage: int, config=None, engine: str = "loop") -> dict[str, int
             "prefetch_bucket_size": int(config.prefetch_bucket_size),
             "max_live_parameters": int(config.max_live_parameters),
             "param_persistence_threshold": int(config.param_persistence_threshold)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def trainer_deepspeed_config(stage: int, offload: str = "none") -> dict:

@@ -475,7 +475,7 @@ class Session:
         rec = self.record
         rec.finished_at = now()
         rec.wall_s = time.perf_counter() - self._t0
-        rec.files = sorted(p.name for p in self.run_dir.path.iterdir() if not p.name.startswith("."))
+        rec.files = self.run_dir.files()
         self.run_dir.write_manifest(rec.to_json())
 
 

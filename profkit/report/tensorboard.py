@@ -6,7 +6,6 @@ profiler plugin (which reads the ``*.pt.trace.json.gz`` files there) and the sca
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from profkit.analyze import Breakdown, views
+from profkit.core.ports import free_port
 
 SCALAR_SUFFIX = ".profkit"
 DEFAULT_PORT = 6006
@@ -48,21 +48,10 @@ def write_scalars(bd: Breakdown) -> list[Path]:
     return written
 
 
-def free_port(host: str, preferred: int = DEFAULT_PORT) -> int:
-    for port in (preferred, 0):
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return s.getsockname()[1]
-    raise OSError("no free port")
-
-
 def start_server(logdir: Path, host: str = "127.0.0.1", port: int | None = None,
                  timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
     """Start TensorBoard on ``logdir`` and wait until it answers; returns the process and its URL."""
-    port = port or free_port(host)
+    port = port or free_port(host, DEFAULT_PORT)
     proc = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(logdir), "--host", host,
                              "--port", str(port), "--reload_interval", "5"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

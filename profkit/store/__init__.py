@@ -83,6 +83,10 @@ class RunDir:
     def profiler_log(self) -> Path:
         return self.path / PROFILER_LOG
 
+    def files(self) -> list[str]:
+        """The run's files, as its record lists them: everything but hidden working files."""
+        return sorted(p.name for p in self.path.iterdir() if not p.name.startswith("."))
+
     def rank(self, k: int) -> "RunDir":
         return RunDir(self.path / f"{RANK_PREFIX}{k}")
 
@@ -169,7 +173,7 @@ def finish_rank(run: RunDir, rank: int, world_size: int, template: RunRecord, ro
     except FileExistsError:
         return None  # another rank finished at the same moment and assembles it
     record = manifest.combine(template, world_size, run.read_rank_records(world_size))
-    record.files = sorted(p.name for p in run.path.iterdir() if not p.name.startswith("."))
+    record.files = run.files()
     run.write_manifest(record.to_json())
     for marker in run.path.glob(".done-*"):
         marker.unlink(missing_ok=True)
