@@ -23,7 +23,8 @@ import torch
 
 from profkit.core.methods import get_method
 from profkit.core.settings import RunSettings
-from profkit.launch.workload import build, resolve_device
+from profkit.launch.workload import build
+from profkit.model.build import resolve_device
 from profkit.record.session import Session
 
 OUT = Path(__file__).resolve().parents[1] / "reports" / "benchmarks" / "recording_overhead.json"

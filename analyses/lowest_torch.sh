@@ -21,5 +21,5 @@ mkdir -p "$(dirname "$OUT")"
 {
     echo "# profkit's test suite on torch $("$VENV/bin/python" -c 'import torch; print(torch.__version__)'), $(date -u +%Y-%m-%d)"
     "$VENV/bin/python" -m pip list --format=freeze 2>/dev/null | grep -iE '^(torch|transformers|peft|bitsandbytes|deepspeed|accelerate|datasets)=='
-    "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" 2>&1 | tail -n 40
+    "$VENV/bin/python" -m pytest -q -p no:cacheprovider --tb=line -W ignore "$@" 2>&1 | tail -n 60
 } | tee "$OUT"

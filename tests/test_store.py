@@ -71,3 +71,19 @@ def test_a_run_of_ranks_is_ok_only_if_every_rank_is_and_names_the_cause(ranks, c
         assert run.reason is None and run.complete
     else:
         assert run.reason.startswith(f"rank {named} of {len(ranks)}:") and not run.complete
+
+
+@pytest.mark.parametrize("exc, status", [
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)"), "oom"),
+    (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8 bytes."), "oom"),
+    (MemoryError(), "oom"),
+    (RuntimeError("shape mismatch"), "failed"),
+    (KeyboardInterrupt(), "interrupted"),
+])
+def test_a_run_that_ran_out_of_host_memory_is_oom_not_failed(exc, status):
+    from profkit.core.methods import UnsupportedError
+    from profkit.record.session import classify
+
+    assert classify(exc) == status
+    assert classify(UnsupportedError("no GPU")) == "unsupported"

@@ -533,15 +533,16 @@ def device_info(device: str) -> dict:
 
 
 # torch's CPU allocator reports a failed allocation as a plain RuntimeError (c10's alloc_cpu), not as
-# torch.OutOfMemoryError as the CUDA allocator does: its message is all that tells the two apart.
-CPU_ALLOCATOR_FAILURE = "DefaultCPUAllocator: can't allocate memory"
+# torch.OutOfMemoryError as the CUDA allocator does: its messages are all that tell the two apart (one per
+# allocation path: posix_memalign's error, and a null pointer).
+CPU_ALLOCATOR_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
 def classify(exc: BaseException) -> str:
     """The status a run that ended in ``exc`` gets."""
     if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
         return "oom"
-    if isinstance(exc, RuntimeError) and CPU_ALLOCATOR_FAILURE in str(exc):
+    if isinstance(exc, RuntimeError) and any(message in str(exc) for message in CPU_ALLOCATOR_FAILURES):
         return "oom"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
