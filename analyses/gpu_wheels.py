@@ -57,6 +57,9 @@ wheel wrapt xarray xxhash yarl zipp""".split()}
 MACHINE.update({"torch": "2.11.0", "transformers": "5.17.0", "accelerate": "1.15.0", "tokenizers": "0.23.2",
                 "huggingface-hub": "1.33.0", "safetensors": "0.8.0", "numpy": "2.5.2"})
 # Needed only by commands the GPU check does not run.
+# On the machine at a version its list does not give, and used by every command: carried all the same, so that
+# gpu_check.py can install them there if the machine's turn out to be out of profkit's range.
+CARRIED_UNLESS_KNOWN = {"pandas", "typer", "rich"}
 NOT_CARRIED = {"viztracer": "profkit view only", "torch-tb-profiler": "profkit view --tensorboard only",
                "traceinsight": "the benchmarks against HTA only"}
 SOURCE_ONLY = {"deepspeed"}  # published as source: built on the machine against its torch
@@ -120,14 +123,18 @@ def resolve(into: Path) -> list[str]:
         if name in NOT_CARRIED:
             log.append(f"not carried: {name} ({NOT_CARRIED[name]})")
             continue
-        if have != "absent" and (have is None or req.specifier.contains(have, prereleases=True)):
+        if name in CARRIED_UNLESS_KNOWN and have is None:
+            have = "unknown"
+        elif have != "absent" and (have is None or req.specifier.contains(have, prereleases=True)):
             continue  # the machine's copy will do (gpu_check checks the version there)
         if name == "torch":
             log.append(f"not carried: torch (the machine's {have} is used; profkit declares {req.specifier})")
             continue
         path = _download(req, into)
         done[name] = path
-        log.append(f"carried: {path.name} ({'absent on the machine' if have == 'absent' else f'machine has {have}'})")
+        why = {"absent": "absent on the machine", "unknown": "the machine's version is not known here"}.get(
+            have, f"the machine has {have}")
+        log.append(f"carried: {path.name} ({why})")
         queue += _requires(path) + ([Requirement(r) for r in DEEPSPEED_NEEDS] if name == "deepspeed" else [])
     return log
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,6 +58,18 @@ def isolated_cache(tmp_path_factory):
 def matrix(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("matrix") / "traces"
     result = run_cli("record", "--all", *FAST, "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def engines(matrix, tmp_path_factory) -> Path:
+    """``lora_zero2`` and ``qlora_gc`` through profkit's loop (the matrix's runs) and through the Trainer (DeepSpeed
+    via accelerate), on micro."""
+    out = tmp_path_factory.mktemp("engines") / "traces"
+    for run in ("lora_zero2", "qlora_gc"):
+        shutil.copytree(matrix / run, out / run)
+    result = run_cli("record", "lora_zero2", "qlora_gc", *FAST, "--engine", "trainer", "-o", str(out))
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 

@@ -85,12 +85,13 @@ def test_install_over_a_preinstalled_torch_in_a_fresh_venv(tmp_path):
     import torch
     assert version == torch.__version__ and Path(torch_file).parent == Path(torch.__file__).parent
     assert Path(profkit_file).is_relative_to(site) and Path(probe_file).is_relative_to(site)
-    # The installed copy works as a command, its bundled data included (the estimate reads the allocator table).
-    estimate = subprocess.run([str(python), "-m", "profkit", "estimate", "lora", "--preset", "micro", "--device", "cuda",
-                               "--format", "json"], capture_output=True, text=True, cwd=tmp_path,
-                              env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
-    assert estimate.returncode == 0, estimate.stderr
-    assert json.loads(estimate.stdout)[0]["reserved"]["bytes"] > 0
+    # The installed copy works as a command, with its bundled data (the estimate's allocator table, the corpus).
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "COLUMNS": "200"}
+    methods = subprocess.run([str(python), "-m", "profkit", "methods"], capture_output=True, text=True, cwd=tmp_path,
+                             env=env)
+    assert methods.returncode == 0 and "qlora_zero3_gc" in methods.stdout, methods.stderr
+    data = site / "profkit" / "data"
+    assert (data / "allocator" / "reserved_over_allocated.csv").is_file() and (data / "tokenizer.json").is_file()
 
 
 def test_trim_keeps_only_the_last_profiled_step(tmp_path):
@@ -109,12 +110,14 @@ def test_trim_keeps_only_the_last_profiled_step(tmp_path):
     assert [e["name"] for e in kept if str(e.get("name", "")).startswith("ProfilerStep#")] == [last["name"]]
 
 
-def test_gpu_check_end_to_end_on_cpu(matrix, tmp_path):
-    """The whole check as `make gpu-check` runs it, on CPU and micro, on a subset of its runs: a run already
-    recorded is kept (resumable), the Trainer under DeepSpeed, a user loop under Session, and a batch that cannot
-    fit, which must end as oom; then the checks, the overhead against a plain loop, the summary and the tarballs."""
+def test_gpu_check_end_to_end_on_cpu(matrix, engines, tmp_path):
+    """The whole check as `make gpu-check` runs it, on CPU and micro, on a subset of its runs: runs already recorded
+    are kept (resumable: LoRA, and the Trainer under DeepSpeed), a user loop under Session and a batch that cannot
+    fit, which must end as oom, are recorded; then the checks, the overhead against a plain loop, the summary and
+    the tarballs."""
     runs, out = tmp_path / "runs", tmp_path / "out"
-    shutil.copytree(matrix / "lora", runs / "lora")
+    shutil.copytree(matrix / "lora", runs / "lora")  # runs the suite recorded already are kept, not recorded again
+    shutil.copytree(engines / "lora_zero2-trainer", runs / "lora_zero2-trainer")
     code = gpu_check.main(["--device", "cpu", "--preset", "micro", "--part", "all", "--only", "lora",
                            "lora_zero2-trainer", "user-loop", "oom/lora", "--overhead-rounds", "1", "--no-install",
                            "--runs", str(runs), "--out", str(out)])
@@ -123,7 +126,7 @@ def test_gpu_check_end_to_end_on_cpu(matrix, tmp_path):
     assert code == 0 and not failed, failed
     by_run = {r["run"]: r for r in summary["runs"]}
     assert set(by_run) == {"lora", "lora_zero2-trainer", "user-loop", "oom/lora"}
-    assert by_run["lora"]["record_wall_s"] == 0  # kept, not recorded again
+    assert by_run["lora"]["record_wall_s"] == 0 and by_run["lora_zero2-trainer"]["record_wall_s"] == 0
     assert by_run["oom/lora"]["status"] == "oom" and "can't allocate memory" in by_run["oom/lora"]["reason"]
     for name in ("lora", "lora_zero2-trainer", "user-loop"):
         r = by_run[name]

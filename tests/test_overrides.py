@@ -123,7 +123,7 @@ def test_the_reports_command_records_the_same_run_again(tmp_path):
     assert "--lora-rank 4" in command and "--lora-targets q_proj,v_proj" in command and "--seq-len 32" in command
     argv = shlex.split(command)
     assert argv[:2] == ["profkit", "record"]
-    result = run_cli(*argv[2:], "-o", str(again))
+    result = run_cli(*argv[1:], "-o", str(again))
     assert result.returncode == 0, result.stderr
     (run,) = [p.name for p in first.iterdir() if not p.name.startswith(".")]
     settings = [json.loads((d / run / store.MANIFEST).read_text())["run_settings"] for d in (first, again)]

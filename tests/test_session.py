@@ -18,7 +18,7 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
 from profkit.store.manifest import SCHEMA_VERSION
-from tests.conftest import FAST, run_cli
+from tests.conftest import run_cli
 
 README = Path(__file__).parent.parent / "README.md"
 QUICK = dict(warmup_steps=0, timed_steps=1, profiled_steps=1, memory_steps=1)  # 5 steps
@@ -224,16 +224,6 @@ def test_an_unknown_manifest_schema_is_named_not_guessed(tmp_path, matrix):
     result = run_cli("breakdown", str(run), str(matrix / "lora"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "schema version 99" in result.stderr and "lora" in result.stdout
-
-
-@pytest.fixture(scope="session")
-def engines(tmp_path_factory) -> Path:
-    """``lora_zero2`` through profkit's loop and through the Trainer (DeepSpeed via accelerate), on micro."""
-    out = tmp_path_factory.mktemp("engines") / "traces"
-    for engine in ("loop", "trainer"):
-        result = run_cli("record", "lora_zero2", "qlora_gc", *FAST, "--engine", engine, "-o", str(out))
-        assert result.returncode == 0, result.stdout + result.stderr
-    return out
 
 
 def test_trainer_engine_records_beside_the_loop_and_the_breakdown_says_why_they_differ(engines):
