@@ -20,10 +20,11 @@ GPU_TRACES = DATA / "gpu-traces"
 FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "2", "--profiled-steps", "1"]
 
 
-# The fast tier (`make test-fast`) is every test that records nothing: the pure layers on stored fixtures. A test is
-# end-to-end (marked ``e2e``) when it depends on a recording fixture or records, trains or installs itself.
+# The fast tier (`make test-fast`) is every test that runs in this process and records nothing: the pure layers on
+# stored fixtures. A test is end-to-end (marked ``e2e``) when it depends on a recording fixture, or records,
+# trains, installs or runs the command line in a subprocess itself.
 RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny"}
-RECORDS = re.compile(r'run_cli\(\s*"record"|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
+RECORDS = re.compile(r'run_cli\(|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
                      r'"install"|runner\.record|subprocess\.(run|Popen)\(')
 
 

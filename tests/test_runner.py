@@ -80,6 +80,7 @@ def test_int4_inference_on_layer_sizes_the_cpu_kernel_cannot_pack(tmp_path):
         assert manifest["status"] == "ok"
 
 
+@pytest.mark.e2e  # starts the CLI through a helper
 def test_interrupt_marks_run_interrupted(tmp_path):
     out = tmp_path / "traces"
     proc = start_record(out, "lora", *LONG)
@@ -109,6 +110,7 @@ def test_interrupt_never_replaces_a_complete_run(tmp_path, matrix):
     assert json.loads((attempts[0] / "manifest.json").read_text())["status"] == "interrupted"
 
 
+@pytest.mark.e2e  # starts the CLI through a helper
 def test_killed_worker_is_recorded_as_failed(tmp_path):
     out = tmp_path / "traces"
     proc = start_record(out, "lora", *LONG)
