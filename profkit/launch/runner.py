@@ -20,7 +20,7 @@ from typing import Protocol
 from profkit import store
 from profkit.core.methods import Method
 from profkit.core.settings import RunSettings
-from profkit.store.manifest import RunRecord, combine, new_record, now
+from profkit.store.manifest import RunRecord, combine, now, record_for
 
 STOP_GRACE_S = 60
 
@@ -98,8 +98,7 @@ def _record_repetitions(method: Method, settings: RunSettings, root: Path, parti
         done = _record_into(method, once, rep, observer)
         if done.status == "interrupted":
             break
-    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
-                        run_settings=settings.to_json())
+    record = record_for(settings)
     combine(record, settings.repeats, partial.read_rank_records(settings.repeats, unit="repetition"),
             "not recorded (an earlier repetition was interrupted)", unit="repetition")
     record.finished_at = now()
@@ -170,8 +169,7 @@ def _follow(path: Path, proc: subprocess.Popen):
 def _record_of_ranks(method: Method, settings: RunSettings, partial: store.RunDir, returncode: int | None,
                      interrupted: bool) -> RunRecord:
     """The run's record from each rank's own: every rank must be ok for the run to be."""
-    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
-                        run_settings=settings.to_json())
+    record = record_for(settings)
     cause = None if interrupted else _root_cause(partial.log)
     if interrupted:
         missing = "stopped before it could write its manifest"
@@ -216,7 +214,6 @@ def _record_for_dead_worker(method: Method, settings: RunSettings, returncode: i
         status, reason = "failed", f"worker killed by {sig}{hint}; see {store.LOG}"
     else:
         status, reason = "failed", f"worker exited with code {returncode} without a manifest; see {store.LOG}"
-    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
-                        run_settings=settings.to_json(), status=status, reason=reason)
+    record = record_for(settings, status=status, reason=reason)
     record.files = partial.files()
     return record

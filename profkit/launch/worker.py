@@ -17,7 +17,7 @@ from profkit.core.exitcodes import for_status
 from profkit.core.quiet import redirect_output
 from profkit.core.settings import RunSettings
 from profkit.store import RunDir
-from profkit.store.manifest import RunRecord, new_record, now
+from profkit.store.manifest import RunRecord, now, record_for
 
 
 def predict(method, settings: RunSettings, device: str) -> dict:
@@ -39,8 +39,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
 
     method = settings.method_spec()
     settings = settings.resolved()
-    record = new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
-                        run_settings=settings.to_json(), world_size=settings.nproc, rank=rank)
+    record = record_for(settings, world_size=settings.nproc, rank=rank)
     for part in (run_dir.path, run_dir.path.parent):  # rep<k>/ or rep<k>/rank<j>/: one repetition of a run
         if part.name.startswith("rep") and part.name[3:].isdigit():
             record.repetition = int(part.name[3:])

@@ -21,6 +21,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from profkit.core.settings import RunSettings
+
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
 STATUSES = ("ok", "incomplete", "oom", "failed", "unsupported", "interrupted")
@@ -175,3 +177,11 @@ def new_record(run: str, method: str, kind: str, settings: dict, engine: str, **
     """A record for a run that is starting: environment filled in, status 'interrupted' until it ends."""
     return RunRecord(run=run, method=method, kind=kind, settings=settings, engine=engine, started_at=now(),
                      versions=versions(), git_commit=git_commit(), pid=os.getpid(), **extra)
+
+
+def record_for(settings: RunSettings, **extra) -> RunRecord:
+    """A record for a run ``profkit record`` starts: its method with the command line's settings, and the run's
+    settings themselves (from which the report's reproduction command is made)."""
+    method = settings.method_spec()
+    return new_record(settings.run, method.name, method.kind, method.settings(), settings.engine,
+                      run_settings=settings.to_json(), **extra)
