@@ -349,11 +349,10 @@ def check_runs(runs: list[CheckRun], root: Path, device: str) -> list[dict]:
             checks.append({"check": what, "ok": bool(ok), "detail": detail})
 
         check(f"ends as {run.expected}", r["status"] == run.expected, f"status {r['status']}: {r['reason'] or ''}")
-        problems = [str(p) for p in (b.problems if b is not None else []) if str(run_dir.path) in str(p.path)]
-        fatal = [str(p) for p in (b.problems if b is not None else [])
-                 if p.fatal and str(run_dir.path) in str(p.path)]
+        mine = [p for p in (b.problems if b is not None else []) if str(run_dir.path) in str(p.path)]
+        fatal = [str(p) for p in mine if p.fatal]
         check("analysed by breakdown without a problem", not fatal and bool(row), "; ".join(fatal))
-        r["problems"] = problems
+        r["problems"] = [str(p) for p in mine]
         peaks = record.peaks if record is not None else {}
         if device == "cuda" and r["status"] in ("ok", "oom"):
             snap = run_dir.oom_snapshot if run.kind == "oom" else run_dir.cuda_snapshot

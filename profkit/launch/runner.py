@@ -134,13 +134,13 @@ def _record_into(method: Method, settings: RunSettings, partial: store.RunDir, o
     events.unlink(missing_ok=True)
 
     if settings.nproc > 1:
-        record = _record_of_ranks(method, settings, partial, proc.returncode, interrupted)
+        record = _record_of_ranks(settings, partial, proc.returncode, interrupted)
         partial.write_manifest(record.to_json())
     else:
         try:
             record = partial.read_record()
         except store.ManifestError:  # the worker died before writing it, or while writing it
-            record = _record_for_dead_worker(method, settings, proc.returncode, interrupted, partial)
+            record = _record_for_dead_worker(settings, proc.returncode, interrupted, partial)
             partial.write_manifest(record.to_json())
     return record
 
@@ -166,7 +166,7 @@ def _follow(path: Path, proc: subprocess.Popen):
                 time.sleep(POLL_S)
 
 
-def _record_of_ranks(method: Method, settings: RunSettings, partial: store.RunDir, returncode: int | None,
+def _record_of_ranks(settings: RunSettings, partial: store.RunDir, returncode: int | None,
                      interrupted: bool) -> RunRecord:
     """The run's record from each rank's own: every rank must be ok for the run to be."""
     record = record_for(settings)
@@ -204,7 +204,7 @@ def _root_cause(log: Path) -> tuple[int, str] | None:
     return rank, f"exited with code {code}{name}"
 
 
-def _record_for_dead_worker(method: Method, settings: RunSettings, returncode: int, interrupted: bool,
+def _record_for_dead_worker(settings: RunSettings, returncode: int, interrupted: bool,
                             partial: store.RunDir) -> RunRecord:
     if interrupted:
         status, reason = "interrupted", "stopped before the worker could write its manifest"
