@@ -49,6 +49,13 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 900) -> subproce
                           timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 
+def recorded(result: subprocess.CompletedProcess, out: Path) -> str:
+    """What a failed ``profkit record`` said, with the end of each log it left (a crash's Python stack is there)."""
+    logs = [f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            for log in sorted(out.rglob("record.log"))]
+    return "\n".join([result.stdout + result.stderr, *logs])
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_cache(tmp_path_factory):
     """Model checkpoints materialized for presets go to a per-session cache."""
@@ -59,7 +66,7 @@ def isolated_cache(tmp_path_factory):
 def matrix(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("matrix") / "traces"
     result = run_cli("record", "--all", *FAST, "-o", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, recorded(result, out)
     return out
 
 
@@ -71,7 +78,7 @@ def engines(matrix, tmp_path_factory) -> Path:
     for run in ("lora_zero2", "qlora_gc"):
         shutil.copytree(matrix / run, out / run)
     result = run_cli("record", "lora_zero2", "qlora_gc", *FAST, "--engine", "trainer", "-o", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, recorded(result, out)
     return out
 
 
@@ -94,5 +101,5 @@ def tiny_training(tmp_path_factory) -> Path:
     training = TINY_TRAINING
     result = run_cli("record", *training, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1",
                      "--steps", "1", "--profiled-steps", "1", "-o", str(out), timeout=1800)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, recorded(result, out)
     return out

@@ -13,7 +13,7 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
 from profkit.predict.estimate import kv_cache_bytes
-from tests.conftest import run_cli
+from tests.conftest import recorded, run_cli
 
 
 @pytest.mark.parametrize("method", ["infer_fp16", "infer_int4"])
@@ -72,7 +72,7 @@ def test_generation_batch_and_prompt_length(tmp_path):
     result = run_cli("record", "infer_fp16", "--preset", "micro", "--batch-size", "3", "--seq-len", "24",
                      "--max-new-tokens", "5", "--warmup-steps", "0", "--steps", "2", "--profiled-steps", "1",
                      "-o", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, recorded(result, out)
     record = json.loads((out / "infer_fp16" / store.MANIFEST).read_text())
     config = AutoConfig.for_model(**get_preset("micro").config)
     inventory = record["inventory"]

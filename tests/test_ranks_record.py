@@ -19,7 +19,7 @@ import pytest
 from profkit import store
 from profkit.analyze import breakdown, ranks
 from profkit.report import findings
-from tests.conftest import FAST, run_cli, terminal_session
+from tests.conftest import FAST, recorded, run_cli, terminal_session
 
 NPROC = ["--nproc", "2"]
 ZERO_METHODS_ON_TINY = ["lora_zero2", "lora_zero3", "qlora_zero2", "qlora_zero3"]
@@ -29,7 +29,7 @@ ZERO_METHODS_ON_TINY = ["lora_zero2", "lora_zero3", "qlora_zero2", "qlora_zero3"
 def two_ranks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ranks") / "traces"
     result = run_cli("record", "lora_zero3", "qlora_zero2", *NPROC, *FAST, "-o", str(out))
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, recorded(result, out)
     return out
 
 
@@ -43,7 +43,7 @@ def zero_on_tiny(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ranks-tiny") / "traces"
     result = run_cli("record", *ZERO_METHODS_ON_TINY, *NPROC, "--preset", "tiny", "--device", "cpu",
                      "--warmup-steps", "1", "--steps", "1", "--profiled-steps", "1", "-o", str(out), timeout=1800)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == 0, recorded(result, out)
     return out
 
 

@@ -111,13 +111,17 @@ def test_interrupt_never_replaces_a_complete_run(tmp_path, matrix):
 
 
 @pytest.mark.e2e  # starts the CLI through a helper
-def test_killed_worker_is_recorded_as_failed(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])  # the OOM killer's; a crash in native code
+def test_killed_worker_is_recorded_as_failed(tmp_path, sig):
     out = tmp_path / "traces"
     proc = start_record(out, "lora", *LONG)
     worker = wait_for_worker_steps(out, proc)
-    worker.kill()  # what the kernel's out-of-memory killer does
+    worker.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 1
     manifest = json.loads((out / "lora" / "manifest.json").read_text())
-    assert manifest["status"] == "failed" and "SIGKILL" in manifest["reason"]
+    assert manifest["status"] == "failed" and sig.name in manifest["reason"]
+    if sig == signal.SIGSEGV:  # the worker's fault handler left the Python stack it crashed in
+        log = (out / "lora" / store.LOG).read_text()
+        assert "Fatal Python error: Segmentation fault" in log and 'File "' in log, log[-2000:]
     assert not store.is_complete(out / "lora")

@@ -188,6 +188,9 @@ def _record_of_ranks(settings: RunSettings, partial: store.RunDir, returncode: i
     return record
 
 
+# The worker's fault handler (faulthandler) writes the Python stack of a crash in native code to its log.
+CRASHES = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL"})
+CRASH = "a crash in native code; the Python stack that led to it is in"
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 
 
@@ -200,8 +203,10 @@ def _root_cause(log: Path) -> tuple[int, str] | None:
     if not found:
         return None
     rank, code = int(found[1]), int(found[2])
-    name = f" ({signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else ""
-    return rank, f"exited with code {code}{name}"
+    name = signal.Signals(-code).name if code < 0 and -code in signal.valid_signals() else None
+    if name in CRASHES:
+        return rank, f"exited with code {code} ({name}: {CRASH} rank{rank}/{store.LOG})"
+    return rank, f"exited with code {code}" + (f" ({name})" if name else "")
 
 
 def _record_for_dead_worker(settings: RunSettings, returncode: int, interrupted: bool,
@@ -210,7 +215,8 @@ def _record_for_dead_worker(settings: RunSettings, returncode: int, interrupted:
         status, reason = "interrupted", "stopped before the worker could write its manifest"
     elif returncode is not None and returncode < 0:
         sig = signal.Signals(-returncode).name
-        hint = " (on Linux usually the kernel's out-of-memory killer)" if sig == "SIGKILL" else ""
+        hint = (" (on Linux usually the kernel's out-of-memory killer)" if sig == "SIGKILL"
+                else f" ({CRASH} the log)" if sig in CRASHES else "")
         status, reason = "failed", f"worker killed by {sig}{hint}; see {store.LOG}"
     else:
         status, reason = "failed", f"worker exited with code {returncode} without a manifest; see {store.LOG}"

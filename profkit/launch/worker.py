@@ -6,6 +6,7 @@ over it, and exits with a code that names the outcome. Library chatter goes to t
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = run_dir.rank(rank)
         run_dir.path.mkdir(parents=True, exist_ok=True)
         redirect_output(run_dir.log)  # each rank its own log: the ranks' output would interleave
+    # A crash in native code (SIGSEGV, SIGABRT...) leaves the Python stack that led to it in the log.
+    faulthandler.enable()
     events = open(args.events, "a") if args.events is not None and not rank else open(os.devnull, "w")
     with events:
         status = run(settings, run_dir, events, rank)
