@@ -1,17 +1,15 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from profkit.cli import method_options as mo
+from profkit.cli import options
 from profkit.cli.common import Format, chunks, fail_usage
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
-from profkit.core.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
+from profkit.core.presets import UnknownPresetError, get_preset
 from profkit.core.settings import RunSettings
 from profkit.core.units import human_bytes
 
@@ -20,18 +18,17 @@ TRAINING = [m.name for m in METHODS.values() if m.kind == "train"]
 INFERENCE = [m.name for m in METHODS.values() if m.kind == "infer"]
 
 
-def workload_settings(preset: str, model: Optional[Path], batch_size: Optional[int], seq_len: Optional[int],
-                      max_new_tokens: Optional[int] = None) -> RunSettings:
+def workload_settings(run_settings: dict) -> RunSettings:
     """Validated settings for an estimate (shared with ``recommend``); exits 2 on bad input. Sizes left unset are
     the preset's for each method's kind (a generation's batch is 1)."""
     try:
-        get_preset(preset)
+        get_preset(run_settings["preset"])
     except UnknownPresetError as exc:
         fail_usage(str(exc))
+    model = run_settings.get("model_path")
     if model is not None and not (model / "config.json").is_file():
         fail_usage(f"--model {model}: not a readable Hugging Face checkpoint directory (no config.json)")
-    return RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
-                       batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens)
+    return RunSettings.from_options(run_settings, method="")
 
 
 def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int):
@@ -48,25 +45,16 @@ def run_estimates(methods: list[Method], settings: RunSettings, device: str, wor
         fail_usage(f"cannot build {settings.model_path or settings.preset} on the meta device: {exc}")
 
 
+@options.run_options("preset", "model_path", "batch_size", "seq_len", "max_new_tokens")
+@options.method_options
 def estimate(
     methods: list[str] = typer.Argument(None, help=f"Methods: training ({', '.join(TRAINING)}) or generation "
                                         f"({', '.join(INFERENCE)}).", show_default=False),
     all_methods: bool = typer.Option(False, "--all", help="Every training method."),
-    preset: str = typer.Option(DEFAULT_PRESET, help=f"Model preset ({', '.join(PRESETS)})."),
-    model: Optional[Path] = typer.Option(None, help="A local Hugging Face model directory (only config.json is read)."),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="Batch size (default: the preset's)."),
-    seq_len: Optional[int] = typer.Option(None, min=1, help="Sequence length; for generation, the prompt's "
-                                          "(default: the preset's)."),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="Generation: tokens generated per prompt "
-                                                 "(default: the preset's)."),
     world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO partitions across."),
     device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
-    lora_rank: Optional[int] = mo.LORA_RANK, lora_alpha: Optional[int] = mo.LORA_ALPHA,
-    lora_dropout: Optional[float] = mo.LORA_DROPOUT, lora_targets: Optional[str] = mo.LORA_TARGETS,
-    quant_type: Optional[str] = mo.QUANT_TYPE, double_quant: Optional[bool] = mo.DOUBLE_QUANT,
-    precision: Optional[str] = mo.PRECISION, optimizer: Optional[str] = mo.OPTIMIZER,
-    attention: Optional[str] = mo.ATTENTION, zero_offload: Optional[str] = mo.ZERO_OFFLOAD,
+    run_settings: dict = None, method_settings: dict = None,
 ) -> None:
     """Predict each memory category of a method without running it (the model is built on the meta device: no
     weights, no memory). Training: one step. Generation: weights, the KV cache and the peak of generate()."""
@@ -76,9 +64,8 @@ def estimate(
         fail_usage(str(exc))
     if not chosen:
         fail_usage(f"name at least one method, or --all; methods: {', '.join(TRAINING + INFERENCE)}")
-    chosen, _ = mo.apply(chosen, lora_rank, lora_alpha, lora_dropout, lora_targets, quant_type, double_quant,
-                         precision, optimizer, attention, zero_offload)
-    settings = workload_settings(preset, model, batch_size, seq_len, max_new_tokens)
+    chosen, _ = options.apply(chosen, method_settings)
+    settings = workload_settings(run_settings)
     estimates = run_estimates(chosen, settings, device, world_size)
 
     from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)

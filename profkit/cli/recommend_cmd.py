@@ -11,11 +11,11 @@ from rich.table import Table
 
 from profkit import store
 from profkit.analyze import breakdown
+from profkit.cli import options
 from profkit.cli.common import fail_usage
 from profkit.cli.estimate_cmd import run_estimates, workload_settings
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
-from profkit.core.presets import DEFAULT_PRESET, PRESETS
 from profkit.core.settings import RunSettings
 from profkit.core.units import human_bytes, human_seconds, parse_bytes
 from profkit.predict import recommend as ranking
@@ -24,14 +24,12 @@ EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing 
           "shown); 2 bad arguments.")
 
 
+@options.run_options("preset", "model_path", "batch_size", "seq_len", help_prefix="Without runs: ")
 def recommend(
     path: Optional[Path] = typer.Argument(None, help="Recorded runs (traces/): rank by measured peak and step time."),
     budget: str = typer.Option(..., help="Memory budget, e.g. 8GiB, 7.5GB, 512MiB."),
-    preset: str = typer.Option(DEFAULT_PRESET, help=f"Without runs: model preset ({', '.join(PRESETS)})."),
-    model: Optional[Path] = typer.Option(None, help="Without runs: a local Hugging Face model directory."),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="Without runs: batch size."),
-    seq_len: Optional[int] = typer.Option(None, min=1, help="Without runs: sequence length."),
     device: str = typer.Option("cuda", help="Without runs: the target, cuda or cpu."),
+    run_settings: dict = None,
 ) -> None:
     """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
     otherwise by the estimate. Methods without a run are estimated with the runs' own model and sizes."""
@@ -41,7 +39,7 @@ def recommend(
         fail_usage(f"--budget: {exc}")
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
     settings, target = (_settings_of_runs(path) if not measured.empty
-                        else (workload_settings(preset, model, batch_size, seq_len).resolved(), device))
+                        else (workload_settings(run_settings).resolved(), device))
     missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
     estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [])
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)

@@ -1,23 +1,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from profkit.cli import method_options as mo
+from profkit.cli import options
 from profkit.cli.common import fail_usage
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
-from profkit.core.presets import DEFAULT_PRESET, PRESETS, UnknownPresetError, get_preset
-from profkit.core.settings import RunSettings
+from profkit.core.presets import UnknownPresetError, get_preset
+from profkit.core.settings import DEVICES, ENGINES, RunSettings
 from profkit.core.units import human_bytes
 from profkit.launch import runner
-
-ENGINES = ("loop", "trainer")
 from profkit.store import DEFAULT_ROOT
 
 EPILOG = (f"Exit codes: {Exit.OK.value} every run ok; {Exit.FAILED.value} a run failed or ran out of memory; "
@@ -61,43 +58,26 @@ def summary_line(outcome: runner.Outcome) -> str:
     return f"{head} step {t['step_time_s'] * 1e3:8.1f} ms {t['tokens_per_s']:9,.0f} {unit}  {peak}"
 
 
+@options.run_options()
+@options.method_options
 def record(
     methods: list[str] = typer.Argument(None, help=f"Methods to record ({', '.join(METHODS)}).", show_default=False),
     all_methods: bool = typer.Option(False, "--all", help="Record every method (the whole matrix)."),
-    preset: str = typer.Option(DEFAULT_PRESET, help=f"Model preset with random weights ({', '.join(PRESETS)})."),
-    model: Optional[Path] = typer.Option(None, help="A local Hugging Face checkpoint (and tokenizer) instead of a preset."),
-    dataset: Optional[Path] = typer.Option(None, help="A local .txt or .jsonl file instead of the bundled data."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    batch_size: Optional[int] = typer.Option(None, min=1, help="Batch size (default: the preset's)."),
-    seq_len: Optional[int] = typer.Option(None, min=8, help="Sequence length (default: the preset's)."),
-    max_new_tokens: Optional[int] = typer.Option(None, min=1, help="Tokens generated per prompt by inference methods."),
-    warmup_steps: int = typer.Option(2, min=0, help="Warm-up steps before anything is measured."),
-    steps: int = typer.Option(5, min=1, help="Timed steps without the profiler (step time, tokens/s)."),
-    profiled_steps: int = typer.Option(2, min=1, help="Active steps of the time-profiling cycle."),
     output: Path = typer.Option(DEFAULT_ROOT, "--output", "-o", help="Directory that receives one run per method."),
-    repeats: int = typer.Option(1, min=1, help="Record each method this many times, each in fresh processes, as "
-                                               "repetitions of one run (rep<k>/): the spread that comparisons "
-                                               "must exceed."),
-    nproc: int = typer.Option(1, min=1, help="Ranks to launch with torchrun (gloo on CPU, NCCL on GPUs); ZeRO "
-                                             "partitions across them. Each rank records into rank<k>/ of the run."),
-    engine: str = typer.Option("loop", help="loop: profkit's own training loop; trainer: transformers.Trainer with "
-                                            "profkit's callback and a DeepSpeed config with Hugging Face's \"auto\" sizes."),
-    lora_rank: Optional[int] = mo.LORA_RANK, lora_alpha: Optional[int] = mo.LORA_ALPHA,
-    lora_dropout: Optional[float] = mo.LORA_DROPOUT, lora_targets: Optional[str] = mo.LORA_TARGETS,
-    quant_type: Optional[str] = mo.QUANT_TYPE, double_quant: Optional[bool] = mo.DOUBLE_QUANT,
-    precision: Optional[str] = mo.PRECISION, optimizer: Optional[str] = mo.OPTIMIZER,
-    attention: Optional[str] = mo.ATTENTION, zero_offload: Optional[str] = mo.ZERO_OFFLOAD,
+    run_settings: dict = None, method_settings: dict = None,
 ) -> None:
     """Record methods under torch.profiler, each in a fresh process, into OUTPUT/<method>/."""
     try:
         chosen = resolve(methods or [], all_methods)
-        get_preset(preset)
+        get_preset(run_settings["preset"])
     except (UnknownMethodError, UnknownPresetError) as exc:
         fail_usage(str(exc))
     if not chosen:
         fail_usage(f"name at least one method, or --all; valid methods: {', '.join(METHODS)}")
-    if device not in ("auto", "cpu", "cuda"):
-        fail_usage(f"unknown device {device!r}; valid: auto, cpu, cuda")
+    device, engine, nproc = run_settings["device"], run_settings["engine"], run_settings["nproc"]
+    model, dataset = run_settings["model_path"], run_settings["dataset_path"]
+    if device not in DEVICES:
+        fail_usage(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     if model is not None and not (model / "config.json").is_file():
         fail_usage(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
     if engine not in ENGINES:
@@ -113,14 +93,8 @@ def record(
                    f"{nproc} independent copies")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
-    chosen, overrides = mo.apply(chosen, lora_rank, lora_alpha, lora_dropout, lora_targets, quant_type, double_quant,
-                                 precision, optimizer, attention, zero_offload)
-
-    base = RunSettings(method="", preset=preset, model_path=str(model.resolve()) if model else None,
-                       dataset_path=str(dataset.resolve()) if dataset else None, device=device,
-                       batch_size=batch_size, seq_len=seq_len, max_new_tokens=max_new_tokens,
-                       warmup_steps=warmup_steps, timed_steps=steps, profiled_steps=profiled_steps, engine=engine,
-                       nproc=nproc, overrides=overrides, repeats=repeats)
+    chosen, overrides = options.apply(chosen, method_settings)
+    base = RunSettings.from_options(run_settings, method="", overrides=overrides)
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:

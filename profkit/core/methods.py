@@ -8,7 +8,9 @@ so listing and validating methods is instant and works anywhere.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Any, Callable, Literal
+
+from profkit.core.options import CommandOption
 
 QUANT_TYPES = ("nf4", "fp4")
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
@@ -73,21 +75,46 @@ class OverrideError(ValueError):
     """A setting that makes no sense for the method (a LoRA rank for ``full``): the message says why."""
 
 
-# Command-line name -> (Method field, how it appears in a run name, which methods it applies to).
-OVERRIDES = {
-    "lora_rank": ("lora_r", lambda v: f"r{v}", "lora"),
-    "lora_alpha": ("lora_alpha", lambda v: f"alpha{v}", "lora"),
-    "lora_dropout": ("lora_dropout", lambda v: f"dropout{v:g}", "lora"),
-    "lora_targets": ("lora_targets", lambda v: "+".join(v), "lora"),
-    "quant_type": ("quantization", str, "quantized"),
-    "double_quant": ("double_quant", lambda v: "dq" if v else "no-dq", "quantized"),
-    "precision": ("precision", str, "train"),
-    "optimizer": ("optimizer", str, "train"),
-    "attention": ("attention", lambda v: f"attn-{v}", "any"),
-    "zero_offload": ("zero_offload", lambda v: "offload-" + v.replace("+", "-"), "zero"),
+@dataclass(frozen=True)
+class Setting:
+    """A method setting the command line can change (``--lora-rank 16``): which ``Method`` field it sets, which
+    methods it makes sense for, and how its value appears in a run's name."""
+
+    field: str
+    applies: Literal["lora", "quantized", "train", "zero", "any"]
+    label: Callable[[Any], str]
+    option: CommandOption
+
+
+PANEL = "Method settings (default: the registry's; `profkit methods`)"
+
+
+def _setting(field_name: str, applies: str, label: Callable[[Any], str], flag: str, help: str, type_: type,
+             choices: tuple[str, ...] = (), minimum: float | None = None, maximum: float | None = None) -> Setting:
+    return Setting(field_name, applies, label, CommandOption(flag, help, type_, minimum, maximum, choices, PANEL))
+
+
+# Keyed by the command line's name (--lora-rank: lora_rank), in the order a run's name lists them.
+SETTINGS: dict[str, Setting] = {
+    "lora_rank": _setting("lora_r", "lora", lambda v: f"r{v}", "--lora-rank", "LoRA rank r.", int, minimum=1),
+    "lora_alpha": _setting("lora_alpha", "lora", lambda v: f"alpha{v}", "--lora-alpha",
+                           "LoRA alpha (scaling = alpha / r).", int, minimum=1),
+    "lora_dropout": _setting("lora_dropout", "lora", lambda v: f"dropout{v:g}", "--lora-dropout",
+                             "LoRA dropout probability.", float, minimum=0.0, maximum=0.99),
+    "lora_targets": _setting("lora_targets", "lora", "+".join, "--lora-targets",
+                             f"Comma list of module names (q_proj,v_proj), or {ALL_LINEAR}.", str),
+    "quant_type": _setting("quantization", "quantized", str, "--quant-type",
+                           f"4-bit format: {', '.join(QUANT_TYPES)}.", str, QUANT_TYPES),
+    "double_quant": _setting("double_quant", "quantized", lambda v: "dq" if v else "no-dq", "--double-quant",
+                             "4-bit: quantize the block scales too.", bool),
+    "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (pure: weights, "
+                          "gradients and optimizer state in bf16).", str, PRECISIONS),
+    "optimizer": _setting("optimizer", "train", str, "--optimizer", f"{', '.join(OPTIMIZERS)}.", str, OPTIMIZERS),
+    "attention": _setting("attention", "any", lambda v: f"attn-{v}", "--attention", f"{', '.join(ATTENTIONS)} "
+                          "(what the model is built with; flash on CPU runs sdpa).", str, ATTENTIONS),
+    "zero_offload": _setting("zero_offload", "zero", lambda v: "offload-" + v.replace("+", "-"), "--zero-offload",
+                             f"ZeRO-Offload to host memory: {', '.join(ZERO_OFFLOADS)}.", str, ZERO_OFFLOADS),
 }
-CHOICES = {"quant_type": QUANT_TYPES, "precision": PRECISIONS, "optimizer": OPTIMIZERS, "attention": ATTENTIONS,
-           "zero_offload": ZERO_OFFLOADS}
 
 
 def with_overrides(method: Method, **overrides) -> Method:
@@ -97,12 +124,12 @@ def with_overrides(method: Method, **overrides) -> Method:
     for option, value in overrides.items():
         if value is None:
             continue
-        if option not in OVERRIDES:
-            raise OverrideError(f"unknown setting {option!r}; valid: {', '.join(OVERRIDES)}")
-        field_name, _, applies = OVERRIDES[option]
-        flag = "--" + option.replace("_", "-")
-        if option in CHOICES and value not in CHOICES[option]:
-            raise OverrideError(f"{flag} {value!r}: valid values are {', '.join(CHOICES[option])}")
+        if option not in SETTINGS:
+            raise OverrideError(f"unknown setting {option!r}; valid: {', '.join(SETTINGS)}")
+        setting = SETTINGS[option]
+        field_name, applies, flag = setting.field, setting.applies, setting.option.flag
+        if setting.option.choices and value not in setting.option.choices:
+            raise OverrideError(f"{flag} {value!r}: valid values are {', '.join(setting.option.choices)}")
         if applies == "lora" and method.adapter != "lora":
             raise OverrideError(f"{flag} applies to LoRA methods; {method.name} trains no adapter")
         if applies == "quantized" and not method.quantization:
@@ -118,17 +145,17 @@ def with_overrides(method: Method, **overrides) -> Method:
                 raise OverrideError(f"{flag}: name at least one module (q_proj,v_proj) or {ALL_LINEAR}")
             if ALL_LINEAR in value and len(value) > 1:
                 raise OverrideError(f"{flag}: {ALL_LINEAR} stands alone")
-        if option == "lora_rank" and value < 1:
-            raise OverrideError(f"{flag} {value}: a rank is at least 1")
-        if option == "lora_dropout" and not 0 <= value < 1:
-            raise OverrideError(f"{flag} {value}: a dropout probability in [0, 1)")
+        low, high = setting.option.minimum, setting.option.maximum
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise OverrideError(f"{flag} {value}: outside " + (f"[{low:g}, {high:g}]" if high is not None
+                                                               else f"[{low:g}, ...)"))
         if option == "zero_offload" and value == "optimizer+params" and method.zero_stage != 3:
             raise OverrideError(f"{flag} optimizer+params: DeepSpeed offloads parameters with ZeRO-3 only; "
                                 f"{method.name} is ZeRO-{method.zero_stage}")
         changes[field_name] = value
     changed = replace(method, **changes)
-    parts = [fmt(getattr(changed, field_name)) for option, (field_name, fmt, _) in OVERRIDES.items()
-             if getattr(changed, field_name) != getattr(method, field_name)]
+    parts = [s.label(getattr(changed, s.field)) for s in SETTINGS.values()
+             if getattr(changed, s.field) != getattr(method, s.field)]
     return replace(changed, variant="-".join(parts))
 
 

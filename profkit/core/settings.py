@@ -3,31 +3,60 @@ hand it to the fresh subprocess that runs the method."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
-from profkit.core.methods import METHODS, get_method, with_overrides
-from profkit.core.presets import DEFAULT_PRESET, get_preset
+from profkit.core.methods import METHODS, SETTINGS, get_method, with_overrides
+from profkit.core.options import CommandOption
+from profkit.core.presets import DEFAULT_PRESET, PRESETS, get_preset
+
+
+def _option(default, flag: str, help: str, type_: type, minimum: float | None = None,
+            choices: tuple[str, ...] = ()):
+    """A field that the command line sets (``profkit record``'s options are made from these)."""
+    return field(default=default, metadata={"option": CommandOption(flag, help, type_, minimum, None, choices)})
+
+
+DEVICES = ("auto", "cpu", "cuda")
+ENGINES = ("loop", "trainer")
 
 
 @dataclass(frozen=True)
 class RunSettings:
     method: str
-    preset: str = DEFAULT_PRESET
-    model_path: str | None = None  # a local Hugging Face checkpoint instead of the preset
-    dataset_path: str | None = None  # a local text/JSONL file instead of the bundled data
-    device: str = "auto"
-    batch_size: int | None = None  # None: the preset's default
-    seq_len: int | None = None
-    max_new_tokens: int | None = None
-    warmup_steps: int = 2
-    timed_steps: int = 5  # unprofiled steps: clean step time, tokens/s, loss
-    profiled_steps: int = 2  # active steps of the time-profiling cycle
+    preset: str = _option(DEFAULT_PRESET, "--preset", f"Model preset with random weights ({', '.join(PRESETS)}).",
+                          str, choices=tuple(PRESETS))
+    model_path: str | None = _option(None, "--model", "A local Hugging Face checkpoint (and tokenizer) instead of a "
+                                     "preset; estimates read only its config.json.", Path)
+    dataset_path: str | None = _option(None, "--dataset", "A local .txt or .jsonl file instead of the bundled data.",
+                                       Path)
+    device: str = _option("auto", "--device", f"{', '.join(DEVICES)}.", str, choices=DEVICES)
+    batch_size: int | None = _option(None, "--batch-size", "Batch size (default: the preset's; 1 for generation).",
+                                     int, minimum=1)
+    seq_len: int | None = _option(None, "--seq-len", "Sequence length; for generation, the prompt's (default: the "
+                                  "preset's).", int, minimum=8)
+    max_new_tokens: int | None = _option(None, "--max-new-tokens", "Tokens generated per prompt by inference "
+                                         "methods (default: the preset's).", int, minimum=1)
+    warmup_steps: int = _option(2, "--warmup-steps", "Warm-up steps before anything is measured.", int, minimum=0)
+    timed_steps: int = _option(5, "--steps", "Timed steps without the profiler (step time, tokens/s).", int,
+                               minimum=1)
+    profiled_steps: int = _option(2, "--profiled-steps", "Active steps of the time-profiling cycle.", int, minimum=1)
     memory_steps: int = 1  # active steps of the memory-profiling cycle
     seed: int = 0
-    engine: str = "loop"  # loop: profkit's own training loop; trainer: transformers.Trainer with profkit's callback
-    nproc: int = 1  # ranks, each its own process under torchrun; ZeRO partitions across them
+    engine: str = _option("loop", "--engine", "loop: profkit's own training loop; trainer: transformers.Trainer "
+                          "with profkit's callback and a DeepSpeed config with Hugging Face's \"auto\" sizes.", str,
+                          choices=ENGINES)
+    nproc: int = _option(1, "--nproc", "Ranks to launch with torchrun (gloo on CPU, NCCL on GPUs); ZeRO partitions "
+                         "across them. Each rank records into rank<k>/ of the run.", int, minimum=1)
     overrides: dict = field(default_factory=dict)  # method settings from the command line (lora_rank=16, ...)
-    repeats: int = 1  # repetitions of the whole run, each in a fresh process: the spread between processes
+    repeats: int = _option(1, "--repeats", "Record each method this many times, each in fresh processes, as "
+                           "repetitions of one run (rep<k>/): the spread that comparisons must exceed.", int,
+                           minimum=1)
+
+    @staticmethod
+    def options() -> dict[str, tuple[CommandOption, object]]:
+        """The fields the command line sets: name -> (its option, its default)."""
+        return {f.name: (f.metadata["option"], f.default) for f in fields(RunSettings) if "option" in f.metadata}
 
     def resolved(self) -> "RunSettings":
         """Fill workload sizes from the preset, so manifests state what actually ran."""
@@ -50,29 +79,22 @@ class RunSettings:
 
     def to_argv(self) -> list[str]:
         """The ``profkit record`` arguments that record this run again (the output directory aside): the inverse
-        of the command line, for the report's reproduction command."""
-        argv = [self.method, *(["--model", self.model_path] if self.model_path else ["--preset", self.preset])]
-        if self.dataset_path:
-            argv += ["--dataset", self.dataset_path]
-        argv += ["--device", self.device]
+        of the command line, made from the same options, for the report's reproduction command."""
         generates = self.method in METHODS and METHODS[self.method].kind == "infer"
-        for flag, value in (("--batch-size", self.batch_size), ("--seq-len", self.seq_len),
-                            ("--max-new-tokens", self.max_new_tokens if generates else None)):
-            if value is not None:
-                argv += [flag, str(value)]
-        argv += ["--warmup-steps", str(self.warmup_steps), "--steps", str(self.timed_steps),
-                 "--profiled-steps", str(self.profiled_steps)]
-        for flag, value, default in (("--engine", self.engine, "loop"), ("--nproc", self.nproc, 1),
-                                     ("--repeats", self.repeats, 1)):
-            if value != default:
-                argv += [flag, str(value)]
-        for option, value in self.overrides.items():  # OVERRIDES' names are the command line's
-            flag = "--" + option.replace("_", "-")
-            if isinstance(value, bool):
-                argv.append(flag if value else f"--no-{flag[2:]}")
-            else:
-                argv += [flag, ",".join(value) if isinstance(value, (list, tuple)) else str(value)]
+        argv = [self.method]
+        for name, (option, _) in self.options().items():  # every one, so a change of defaults cannot change it
+            value = getattr(self, name)
+            if value is None or (name == "preset" and self.model_path) or (name == "max_new_tokens" and not generates):
+                continue
+            argv += option.words(value)
+        for name, value in self.overrides.items():  # SETTINGS' keys are the command line's names
+            argv += SETTINGS[name].option.words(value)
         return argv
+
+    @classmethod
+    def from_options(cls, values: dict, **others) -> "RunSettings":
+        """Settings from the command line's values (a path is stored resolved, as a string)."""
+        return cls(**{k: str(Path(v).resolve()) if isinstance(v, Path) else v for k, v in values.items()}, **others)
 
     def to_json(self) -> dict:
         return asdict(self)

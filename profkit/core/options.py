@@ -1,0 +1,24 @@
+"""A command-line option as data. The settings dataclasses (``RunSettings``' fields, ``methods.SETTINGS``) carry
+one each; ``profkit.cli.options`` turns them into typer options and ``RunSettings.to_argv`` back into words, so
+a setting is declared once and the command line, its help and the report's reproduction command follow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CommandOption:
+    flag: str  # "--lora-rank"; a bool becomes "--flag/--no-flag"
+    help: str
+    type: type  # int, float, str, bool or pathlib.Path (a path is stored resolved, as a string)
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()  # checked by the settings' own validation, which names the valid ones
+    panel: str | None = None  # the help's section
+
+    def words(self, value) -> list[str]:
+        """The command-line words that set ``value``."""
+        if self.type is bool:
+            return [self.flag if value else f"--no-{self.flag[2:]}"]
+        return [self.flag, ",".join(value) if isinstance(value, (list, tuple)) else str(value)]

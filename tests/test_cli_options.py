@@ -1,0 +1,66 @@
+"""The command line is made from the settings dataclasses: every ``RunSettings`` option and every method setting
+parses back from ``RunSettings.to_argv()`` into the settings it came from (in process, through typer)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from profkit.cli import app, record_cmd
+from profkit.core.methods import SETTINGS
+from profkit.core.settings import RunSettings
+
+
+@pytest.fixture
+def parsed(monkeypatch):
+    """What ``profkit record`` hands the runner for a command line, without recording anything."""
+    seen: list[RunSettings] = []
+
+    def fake_record(methods, base, root, observer=None):
+        seen.append(base)
+        return []
+
+    monkeypatch.setattr(record_cmd.runner, "record", fake_record)
+
+    def parse(argv: list[str]) -> RunSettings:
+        result = CliRunner().invoke(app, ["record", *argv, "-o", "unused"])
+        assert result.exit_code == 0, result.output
+        return seen.pop()
+    return parse
+
+
+SETTINGS_TO_TRY = [
+    RunSettings(method="lora"),
+    RunSettings(method="infer_int4", preset="micro", device="cpu", batch_size=3, seq_len=24, max_new_tokens=5,
+                warmup_steps=0, timed_steps=1, profiled_steps=3),
+    RunSettings(method="qlora_zero3", engine="trainer", nproc=2, repeats=3,
+                overrides={"lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.1, "lora_targets": "q_proj,v_proj",
+                           "quant_type": "fp4", "double_quant": False, "precision": "bf16-mixed",
+                           "optimizer": "sgd", "attention": "eager", "zero_offload": "optimizer+params"}),
+]
+
+
+def test_every_setting_is_tried():
+    """The table above sets every option the command line has, so a new one cannot go untested."""
+    varied = {name for name, (_, default) in RunSettings.options().items()
+              if any(getattr(s, name) != default for s in SETTINGS_TO_TRY)}
+    assert varied | {"model_path", "dataset_path"} == set(RunSettings.options())  # paths: below
+    assert {k for s in SETTINGS_TO_TRY for k in s.overrides} == set(SETTINGS)
+
+
+@pytest.mark.parametrize("settings", SETTINGS_TO_TRY, ids=lambda s: s.method)
+def test_to_argv_parses_back_into_the_same_settings(parsed, settings):
+    back = parsed(settings.to_argv())
+    assert replace(back, method=settings.method) == settings  # the runner's base names no method
+
+
+def test_paths_are_stored_resolved(parsed, tmp_path, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    (tmp_path / "data.txt").write_text("hello")
+    monkeypatch.chdir(tmp_path)
+    back = parsed(["lora", "--model", "ckpt", "--dataset", "data.txt"])
+    assert (back.model_path, back.dataset_path) == (str(tmp_path / "ckpt"), str(tmp_path / "data.txt"))
+    assert parsed(replace(back, method="lora").to_argv()) == back
