@@ -19,7 +19,8 @@ import psutil
 
 from profkit import store
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.analyze.memory import MEMORY_CATEGORIES, analyze_memory, kv_cache_at, load_timeline, phase_windows
+from profkit.analyze.memory import (MEMORY_CATEGORIES, Timeline, analyze_memory, kv_cache_at, load_timeline,
+                                    phase_windows)
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
@@ -51,6 +52,7 @@ class Source:
     run: str
     path: Path
     recorded: bool  # True: a profkit run directory with a manifest
+    record: RunRecord | None = None  # its manifest, read once by discovery (None: unreadable, reported later)
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class Breakdown:
     time_per_step: pd.DataFrame = field(default_factory=pd.DataFrame)
     # CUDA runs: the allocator snapshot profkit dumped (memory_snapshot.pickle, or oom_snapshot.pickle), analysed.
     snapshots: dict = field(default_factory=dict)  # run -> profkit.analyze.snapshot.SnapshotAnalysis
+    # profkit runs: the memory cycle's timeline as loaded, so that renderers (plots) never read it again.
+    timelines: dict[str, Timeline] = field(default_factory=dict)  # run -> profkit.analyze.memory.Timeline
 
     @property
     def failed(self) -> bool:
@@ -127,12 +131,19 @@ def _run_sources(path: Path) -> list[Source]:
     except ManifestError:
         return [Source(path.name, path, True)]  # reported as unreadable by the analysis
     if not record.complete or (record.world_size <= 1 and record.repeats <= 1):
-        return [Source(path.name, path, True)]
+        return [Source(path.name, path, True, record)]
     if record.repeats > 1:  # each repetition, itself perhaps a run of several ranks
-        return [Source(f"{path.name}/{src.run}", src.path, True) for k in range(record.repeats)
+        return [replace(src, run=f"{path.name}/{src.run}") for k in range(record.repeats)
                 for src in _run_sources(store.RunDir(path).repetition(k).path)]
-    return [Source(f"{path.name}/{rank.path.name}", rank.path, True)
-            for rank in (store.RunDir(path).rank(k) for k in range(record.world_size))]
+    return [_rank_source(f"{path.name}/{rank.path.name}", rank) for rank in
+            (store.RunDir(path).rank(k) for k in range(record.world_size))]
+
+
+def _rank_source(run: str, rank: store.RunDir) -> Source:
+    try:
+        return Source(run, rank.path, True, rank.read_record())
+    except ManifestError:
+        return Source(run, rank.path, True)  # reported as unreadable by the analysis
 
 
 def _unique_names(sources: list[Source]) -> list[Source]:
@@ -188,6 +199,7 @@ class _Collected:
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
         self.snapshots: dict = {}
+        self.timelines: dict[str, Timeline] = {}
 
     def merge(self, other: "_Collected") -> None:
         for kind, frames in other.frames.items():
@@ -195,6 +207,7 @@ class _Collected:
         self.windows.update(other.windows)
         self.records.update(other.records)
         self.snapshots.update(other.snapshots)
+        self.timelines.update(other.timelines)
 
     def add(self, kind: str, frame: pd.DataFrame, run: str, method: str) -> None:
         self.frames[kind].append(frame.assign(run=run, method=method))
@@ -230,6 +243,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         time_by_name=c.frame("time_by_name", TIME_BY_NAME_COLUMNS), measured=c.frame("measured"),
         predicted=c.frame("predicted", ["run", "method", *PREDICTED_COLUMNS]),
         problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records, snapshots=c.snapshots,
+        timelines=c.timelines,
         trace_memory=c.frame("trace_memory", ["run", "method", *LIVE_COLUMNS]),
         trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
         memory_over_time=c.frame("memory_over_time"),
@@ -298,7 +312,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     if src.recorded:
         run_dir = store.RunDir(src.path)
         try:
-            record = run_dir.read_record()
+            record = src.record or run_dir.read_record()
         except ManifestError as exc:
             problems.append(Problem(run_dir.manifest, str(exc).removeprefix(f"{run_dir.manifest}: ")))
             row.update(method=src.run, status="unreadable")
@@ -358,7 +372,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         _foreign_memory(src, trace, t, row, c, notes, problems)
         return row
     try:
-        timeline = load_timeline(run_dir.memory_timeline)
+        timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
         memory_trace = load_trace(run_dir.memory_trace)
         c.windows[src.run] = phase_windows(memory_trace, labels.PHASE_OF_LABEL)
         m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))

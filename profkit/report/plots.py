@@ -12,9 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from profkit import store  # noqa: E402
 from profkit.analyze import Breakdown, ranks, views  # noqa: E402
-from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS, load_timeline  # noqa: E402
+from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS  # noqa: E402
 from profkit.core.units import human_bytes  # noqa: E402
 
 MIB = 2**20
@@ -86,15 +85,14 @@ def time_bars(bd: Breakdown, path: Path) -> Path:
 
 
 def memory_timelines(bd: Breakdown, path: Path) -> Path | None:
-    runs = [r for r in bd.runs.itertuples() if r.status == "ok" and r.recorded_by_profkit]
+    runs = [r for r in bd.runs.itertuples() if r.run in bd.timelines]
     if not runs:
         return None
     cols = 4
     rows = -(-len(runs) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
     for ax, r in zip(axes.flat, runs):
-        run_dir = store.RunDir(Path(r.path))
-        tl = load_timeline(run_dir.memory_timeline)
+        tl = bd.timelines[r.run]
         start = tl.t_ns[tl.t_ns > 0].min()
         t_ms = (np.clip(tl.t_ns, start, None) - start) / 1e6
         series = [tl.live[:, [TIMELINE_CATEGORIES.index(c) for c in group]].sum(axis=1) / MIB

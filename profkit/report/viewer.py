@@ -16,7 +16,6 @@ timeline belongs to the memory cycle). A trace larger than a browser tab holds i
 
 from __future__ import annotations
 
-import gzip
 import html
 import json
 import tempfile
@@ -32,8 +31,8 @@ import numpy as np
 from profkit import store
 from profkit.analyze import discover
 from profkit.analyze.memory import TIMELINE_CATEGORIES, TIMELINE_GROUPS, load_timeline
+from profkit.analyze.trace import TraceError, load_trace, read_json
 from profkit.core import labels
-from profkit.store.manifest import ManifestError
 
 OWNER_GROUPS = TIMELINE_GROUPS  # the profiler's timeline categories, grouped as the breakdown names owners
 COUNTER_NAME = "live MiB"  # Perfetto names each track "<name> <owner>": short, so the owner shows
@@ -71,20 +70,11 @@ def find_view_runs(root: Path) -> list[Run]:
     out = []
     for src in (s for s in sources if s.recorded):
         rd = store.RunDir(src.path)
-        try:
-            rec = rd.read_record()
-        except ManifestError:
+        if src.record is None:  # its manifest could not be read
             out.append(Run(src.run, rd, "?", "unreadable"))
-            continue
-        out.append(Run(src.run, rd, rec.method, rec.status))
+        else:
+            out.append(Run(src.run, rd, src.record.method, src.record.status))
     return out
-
-
-def _read_trace(path: Path) -> dict:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as fh:
-        data = json.load(fh)
-    return data if isinstance(data, dict) else {"traceEvents": data}
 
 
 def memory_counters(run_dir: store.RunDir, base_ns: int) -> list[dict]:
@@ -109,11 +99,6 @@ def phase_spans(events: list[dict]) -> list[dict]:
             for e in events if e.get("ph") == "X" and e.get("name") in labels.PHASE_OF_LABEL]
 
 
-def _steps(events: list[dict]) -> list[tuple[float, float]]:
-    return sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-                  if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
-
-
 def viewer_copy(run: Run, cycle: str, out_dir: Path, last_steps: int | None = None) -> Path:
     """Write the viewer copy of ``run``'s ``cycle`` trace (memory: with counters) into ``out_dir``."""
     if cycle not in CYCLES:
@@ -121,10 +106,14 @@ def viewer_copy(run: Run, cycle: str, out_dir: Path, last_steps: int | None = No
     source = run.run_dir.memory_trace if cycle == "memory" else run.run_dir.time_trace
     if not source.is_file():
         raise ViewError(f"{run.name}: no {source.name} (status {run.status})")
-    data = _read_trace(source)
+    try:  # the raw events, to be copied out with profkit's tracks added; steps found as the analysis finds them
+        data = read_json(source)
+        data = data if isinstance(data, dict) else {"traceEvents": data}
+        steps = load_trace(source).step_windows()[-last_steps:] if last_steps else []
+    except TraceError as exc:
+        raise ViewError(str(exc)) from None
     events = data.get("traceEvents", [])
     if last_steps:
-        steps = _steps(events)[-last_steps:]
         if steps:
             lo, hi = steps[0][0], steps[-1][1]
             events = [e for e in events if e.get("ph") == "M" or lo <= e.get("ts", lo) <= hi]
