@@ -52,6 +52,7 @@ from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method
 from profkit.core.quiet import library_output
 from profkit.model.build import meta_model, model_config
+from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero_buffers
 
 Target = Literal["cpu", "cuda"]
@@ -262,16 +263,16 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     ``gathered``: ids of parameters that ZeRO-3 gathers into a fresh buffer for each use and releases
     after; when autograd saves one of those, the saved tensor is that buffer, so it counts like an activation.
     """
-    static = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
-    seen: set[int] = set()
+    static = {storage_id(t) for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
+    seen: set[tuple[str, int]] = set()
     where = {"region": "before"}
     by_region: dict[str, int] = {"before": 0, "after": 0}
     layer_order: list[str] = []
-    inputs: dict[int, int] = {}
+    inputs: dict[tuple[str, int], int] = {}
 
     def count(t: torch.Tensor, region: str) -> None:
         storage = t.untyped_storage()
-        key = storage._cdata
+        key = storage_id(t)
         if key in static or key in seen:
             return
         seen.add(key)
@@ -287,19 +288,19 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
         where["region"] = name
         for value in [*args, *kwargs.values()]:
             for t in (value if isinstance(value, (tuple, list)) else (value,)):
-                if isinstance(t, torch.Tensor) and t.untyped_storage()._cdata not in static:
-                    inputs.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+                if isinstance(t, torch.Tensor) and storage_id(t) not in static:
+                    inputs.setdefault(storage_id(t), t.untyped_storage().nbytes())
 
     def leave(module, args, kwargs, output):
         where["region"] = "after"
 
-    at_loss: dict[int, int] = {}
+    at_loss: dict[tuple[str, int], int] = {}
 
     def lm_head_output(module, args, output):
         for t in (args[0], output):
-            at_loss.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
+            at_loss.setdefault(storage_id(t), t.untyped_storage().nbytes())
         if output.dtype != torch.float32:
-            at_loss[-1] = output.numel() * 4
+            at_loss[("fp32 upcast of the logits", 0)] = output.numel() * 4
 
     layers = _decoder_layers(model)
     if not layers:
@@ -492,17 +493,17 @@ class _LiveStorages(TorchDispatchMode):
         """``static``: tensors alive throughout (weights), left out of the count; ``existing``: others alive at the
         start (the cache so far)."""
         super().__init__()
-        self.static = {t.untyped_storage()._cdata for t in static}
-        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.static = {storage_id(t) for t in static}
+        self.live: dict[tuple[str, int], tuple[StorageWeakRef, int]] = {}
         for t in existing:
             self._add(t)
         self.peak, self.at_peak = 0, {}
         self._measure()
 
     def _add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        if storage._cdata not in self.live and storage._cdata not in self.static:
-            self.live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+        storage, key = t.untyped_storage(), storage_id(t)
+        if key not in self.live and key not in self.static:
+            self.live[key] = (StorageWeakRef(storage), storage.nbytes())
 
     def _measure(self) -> None:
         total = sum(n for _, n in self.live.values())
@@ -562,7 +563,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
     with _contiguous_batches():
         live, cache = _generate_pass(model, torch.zeros(batch_size, prompt, dtype=torch.long, device="meta"),
                                      None, target, plan.autocast, static)
-        prefill = instant(live, _storage_bytes(_cache_tensors(cache)))
+        prefill = instant(live, storage_bytes(_cache_tensors(cache)))
         kv_dtype = _cache_tensors(cache)[0].dtype
         decode = None
         if new_tokens > 1:
@@ -571,7 +572,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
             cache = _lengthened(cache, prompt + new_tokens - 2)
             live, cache = _generate_pass(model, torch.zeros(batch_size, 1, dtype=torch.long, device="meta"),
                                          cache, target, plan.autocast, static)
-            decode = instant(live, _storage_bytes(_cache_tensors(cache)))
+            decode = instant(live, storage_bytes(_cache_tensors(cache)))
     element = torch.empty((), dtype=kv_dtype).element_size()
     kv_final = kv_cache_bytes(config, batch_size, prompt + new_tokens - 1, element)
     notes = list(plan.notes)
@@ -616,13 +617,6 @@ def _bnb_packs_for_this_cpu() -> bool:
     except Exception:  # no bitsandbytes, or an older one without the CPU path
         return False
     return bool(has_avx512bf16())
-
-
-def _storage_bytes(tensors: list[torch.Tensor]) -> int:
-    seen: dict[int, int] = {}
-    for t in tensors:
-        seen.setdefault(t.untyped_storage()._cdata, t.untyped_storage().nbytes())
-    return sum(seen.values())
 
 
 def estimate_run(method: Method, settings, target: Target, world_size: int = 1) -> Estimate:

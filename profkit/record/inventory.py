@@ -13,6 +13,8 @@ from typing import Any, Iterator
 
 import torch
 
+from profkit.model.storage import storage_id
+
 OWNERS = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "buffers", "gradients",
           "optimizer_state", "framework")
 
@@ -44,7 +46,7 @@ class _Tally:
         if t.device.type == "meta":
             return False  # shape-only tensors hold no memory
         storage = t.untyped_storage()
-        key = (str(t.device), storage.data_ptr())
+        key = storage_id(t)
         row = self.rows[(owner, detail, str(t.dtype).removeprefix("torch."), t.device.type)]
         row[1] += 1
         row[2] += t.numel() if numel is None else numel
@@ -55,7 +57,7 @@ class _Tally:
         return True
 
     def key(self, t: torch.Tensor) -> tuple[str, int]:
-        return str(t.device), t.untyped_storage().data_ptr()
+        return storage_id(t)
 
     def as_rows(self) -> list[dict]:
         return [{"owner": o, "detail": d, "dtype": dt, "device": dev, "bytes": b, "tensors": n, "numel": ne}

@@ -48,6 +48,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from profkit import store
 from profkit.core.methods import UnsupportedError
 from profkit.core.quiet import library_output
+from profkit.model.storage import storage_bytes
 from profkit.record import describe
 from profkit.record.inventory import take_inventory
 from profkit.record.phases import PhaseLabels
@@ -486,12 +487,7 @@ def kv_cache_inventory(cache) -> dict:
         tensors += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
     if not tensors and isinstance(cache, (tuple, list)):  # the legacy tuple of (key, value) per layer
         tensors = [t for pair in cache for t in pair if isinstance(t, torch.Tensor)]
-    seen, total = set(), 0
-    for t in tensors:
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
+    total = storage_bytes(tensors)
     length = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else None
     return {"kv_cache_bytes": total, "kv_cache_tokens": int(length) if length is not None else None,
             "kv_cache_tensors": len(tensors), "kv_cache_dtype": str(tensors[0].dtype).removeprefix("torch.")
