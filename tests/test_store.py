@@ -83,7 +83,7 @@ def test_a_run_of_ranks_is_ok_only_if_every_rank_is_and_names_the_cause(ranks, c
 ])
 def test_a_run_that_ran_out_of_host_memory_is_oom_not_failed(exc, status):
     from profkit.core.methods import UnsupportedError
-    from profkit.record.session import classify
+    from profkit.record.outcome import classify
 
     assert classify(exc) == status
     assert classify(UnsupportedError("no GPU")) == "unsupported"

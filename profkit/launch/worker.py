@@ -52,7 +52,8 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
         from profkit.launch.workload import build
         from profkit.model.build import resolve_device
         from profkit.record import describe
-        from profkit.record.session import Session, device_info
+        from profkit.record.environment import device_info
+        from profkit.record.session import Session
 
         device = resolve_device(settings.device)
         record.device = device_info(device)
@@ -75,7 +76,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
             raise RuntimeError(f"the {settings.engine} engine ended without starting a profiling session")
         sessions[-1].close()  # the Trainer closes it at the end of training; a no-op then
     except BaseException as exc:  # every outcome, including Ctrl-C, is recorded with its status
-        from profkit.record.session import classify  # heavy (torch): see the imports above
+        from profkit.record.outcome import classify  # heavy (torch): see the imports above
 
         if sessions:
             sessions[-1].close(exc)  # a no-op if it was closed already

@@ -6,10 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
+from transformers import TrainingArguments
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
 from profkit.core.ports import free_port
@@ -30,10 +30,11 @@ def init_process_group(device: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
 
 
-def zero_buffers(stage: int, config=None, engine: str = "loop") -> dict[str, int]:
+def zero_buffers(stage: int, model=None, engine: str = "loop") -> dict[str, int]:
     """The ZeRO settings that size DeepSpeed's buffers, as profkit runs them, read from DeepSpeed's config class
     rather than restated: DeepSpeed's own defaults for profkit's loop; for the Trainer engine, Hugging Face's
-    template with its "auto" sizes filled in by transformers' own ``trainer_config_finalize`` from ``config``."""
+    template with its "auto" sizes filled in by transformers' own ``trainer_config_finalize`` from ``model`` (the
+    meta-device build will do: only its config is read) and default ``TrainingArguments``."""
     # DeepSpeed's logger writes to the stdout it finds at import; keep it off a command's JSON or CSV output.
     with contextlib.redirect_stdout(sys.stderr):
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # optional: ZeRO methods only
@@ -41,7 +42,7 @@ def zero_buffers(stage: int, config=None, engine: str = "loop") -> dict[str, int
     zero: dict = {"stage": stage}
     if engine == "trainer":
         hf = HfTrainerDeepSpeedConfig(trainer_deepspeed_config(stage))
-        hf.trainer_config_finalize(SimpleNamespace(get_warmup_steps=lambda steps: 0), SimpleNamespace(config=config), 1)
+        hf.trainer_config_finalize(TrainingArguments(report_to="none"), model, num_training_steps=1)
         zero = {k: v for k, v in hf.config["zero_optimization"].items()}
         del hf  # its weak reference tells from_pretrained that ZeRO-3 is on: drop it now
     config = DeepSpeedZeroConfig(**zero)

@@ -391,7 +391,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     backward_temporaries = 0
     gathered: set[int] = set()
     if method.zero_stage:
-        buffers = zero_buffers(method.zero_stage, config, engine)
+        buffers = zero_buffers(method.zero_stage, model, engine)
         part = math.ceil(n_trainable / world_size)
         trainable_elem = trainable[0].element_size()
         bucket = buffers["reduce_bucket_size"] * trainable_elem

@@ -29,28 +29,25 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
-import platform
 import resource
 import statistics
-import sys
 import time
 import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import psutil
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from profkit import store
-from profkit.core.methods import UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.storage import storage_bytes
 from profkit.record import describe
+from profkit.record.environment import agree_on, device_info, device_of, world
+from profkit.record.generation import Generation
 from profkit.record.inventory import take_inventory
+from profkit.record.outcome import classify, unhandled_exception
 from profkit.record.phases import PhaseLabels
 from profkit.store.manifest import RunRecord, new_record, now
 
@@ -96,15 +93,13 @@ class Session:
         self.plan = dict(zip(PHASES, (warmup_steps, timed_steps, 1 + profiled_steps, 1 + memory_steps)))
         self.progress = progress or (lambda phase: None)
         self.tokens_per_step = tokens_per_step
-        self.device = _device_of(self.parts.model)
+        self.device = device_of(self.parts.model)
         self.cuda = self.device == "cuda"
         # What the live objects say the method is; for a user's run this is the method, for profkit's own
         # runs it is kept beside the registry's settings as a check.
         inference = self.parts.optimizer is None and not any(p.requires_grad for p in self.parts.model.parameters())
         self.inference = inference
-        self._forward_ends: list[float] = []  # inference, timed steps: when each forward pass (token) finished
-        self._latency: dict[str, list[float]] = {"ttft_s": [], "tpot_s": []}
-        self._cache = None  # inference: the KV cache of the last forward pass
+        self._generation = Generation(self._sync) if inference else None
         found = describe.method_of(self.parts, inference=inference)
         if record is None:
             record = new_record(path.name, found.name, found.kind, found.settings(), engine,
@@ -166,12 +161,12 @@ class Session:
                                "torch.profiler runs one profiler per process: close that session first")
         _OPEN = weakref.ref(self)
         self._started = True
-        self._world = _world()
+        self._world = world()
         if self._world is not None:
             self.record.rank, self.record.world_size = self._world
         if self._commit and self._world is not None:
             # Every rank of the user's job records its share into one run: rank 0 names the partial directory.
-            self.run_dir = store.RunDir(_agree_on(store.new_partial(self.root, self.target.name).path
+            self.run_dir = store.RunDir(agree_on(store.new_partial(self.root, self.target.name).path
                                                   if self._world[0] == 0 else None)).rank(self._world[0])
             self.run_dir.path.mkdir(parents=True, exist_ok=True)
         elif self._commit:
@@ -187,7 +182,7 @@ class Session:
         # A process that ends with the session open (an exception escaping a Trainer, sys.exit) still
         # leaves the run marked, never looking complete.
         ref = weakref.ref(self)
-        self._finalizer = lambda: (lambda s: s and not s._closed and s.close(_unhandled_exception()))(ref())
+        self._finalizer = lambda: (lambda s: s and not s._closed and s.close(unhandled_exception()))(ref())
         atexit.register(self._finalizer)
         self._enter_next(0)
 
@@ -202,13 +197,8 @@ class Session:
         if phase == "timed":
             self._sync()
             now_s = time.perf_counter()
-            if self.inference and self._forward_ends:
-                # Time to first token: from the step's start to the end of the prefill pass; time per output
-                # token: between the ends of successive passes.
-                ends = [self._mark] + self._forward_ends
-                self._latency["ttft_s"].append(ends[1] - ends[0])
-                self._latency["tpot_s"] += [b - a for a, b in zip(ends[1:], ends[2:])]
-            self._forward_ends = []
+            if self._generation is not None:
+                self._generation.step_done(self._mark)
             self._times.append(now_s - self._mark)
             self._mark = now_s
             self._tokens.append(self._tokens_now)
@@ -337,12 +327,8 @@ class Session:
         tokens = self.tokens_per_step or (int(statistics.median(self._tokens)) if self._tokens else 0)
         self.record.timings = {"step_times_s": self._times, "step_time_s": median, "tokens_per_step": tokens,
                                "tokens_per_s": tokens / median if median > 0 else None, "losses": self._losses}
-        if self.inference and self._latency["ttft_s"]:
-            ttft, tpot = self._latency["ttft_s"], self._latency["tpot_s"] or [float("nan")]
-            self.record.timings.update(
-                ttft_s=ttft, tpot_s=tpot, ttft_median_s=float(np.median(ttft)),
-                tpot_median_s=float(np.median(tpot)), tpot_p90_s=float(np.percentile(tpot, 90)),
-                request_latency_median_s=median)
+        if self._generation is not None:
+            self.record.timings.update(self._generation.timings(median))
 
     def _start_memory_cycle(self) -> None:
         peaks = self.record.peaks
@@ -408,8 +394,8 @@ class Session:
     def _take_inventory(self) -> None:
         p = self.parts
         self.record.inventory = take_inventory(p.model, p.optimizer, p.inner_optimizer)
-        if self.inference and self._cache is not None:
-            self.record.inventory.update(kv_cache_inventory(self._cache))
+        if self._generation is not None:
+            self.record.inventory.update(self._generation.inventory())
 
     def _inventory_due(self) -> bool:
         return (self.phase == "memory_profile" and self._in_phase == self.plan["memory_profile"] - 1
@@ -428,13 +414,8 @@ class Session:
                     self._input_shape = tuple(ids.shape)  # (batch, sequence): what the estimate needs
 
     def _keep_loss(self, module, args, output) -> None:
-        if self.inference:
-            if self.phase == "timed":
-                self._sync()
-                self._forward_ends.append(time.perf_counter())
-            cache = getattr(output, "past_key_values", None)
-            if cache is not None:
-                self._cache = cache
+        if self._generation is not None:
+            self._generation.forward_done(output, timed=self.phase == "timed")
         loss = getattr(output, "loss", None) if not isinstance(output, dict) else output.get("loss")
         if isinstance(loss, torch.Tensor) and loss.numel() == 1:
             self._last_loss = loss.detach()
@@ -478,81 +459,3 @@ class Session:
         rec.wall_s = time.perf_counter() - self._t0
         rec.files = self.run_dir.files()
         self.run_dir.write_manifest(rec.to_json())
-
-
-def kv_cache_inventory(cache) -> dict:
-    """The KV cache generate() built: its key and value tensors, once per storage, and the tokens it holds."""
-    tensors = []
-    for layer in getattr(cache, "layers", None) or []:  # transformers' Cache: one entry per decoder layer
-        tensors += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
-    if not tensors and isinstance(cache, (tuple, list)):  # the legacy tuple of (key, value) per layer
-        tensors = [t for pair in cache for t in pair if isinstance(t, torch.Tensor)]
-    total = storage_bytes(tensors)
-    length = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else None
-    return {"kv_cache_bytes": total, "kv_cache_tokens": int(length) if length is not None else None,
-            "kv_cache_tensors": len(tensors), "kv_cache_dtype": str(tensors[0].dtype).removeprefix("torch.")
-            if tensors else None}
-
-
-def _device_of(model: torch.nn.Module) -> str:
-    for p in model.parameters():
-        return p.device.type
-    return "cpu"
-
-
-def _world() -> tuple[int, int] | None:
-    """(rank, world size) under torch.distributed with more than one rank, else None."""
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size()
-    return None
-
-
-def _agree_on(path: Path | None) -> Path:
-    """Rank 0's ``path``, on every rank (a collective: every rank starts its session at its first step)."""
-
-    box = [str(path) if path is not None else None]
-    dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
-
-
-def device_info(device: str) -> dict:
-    info = {"type": device, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform()}
-    if device == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        info.update(name=props.name, total_memory=props.total_memory, cuda=torch.version.cuda,
-                    capability=f"{props.major}.{props.minor}")
-    else:
-        info["name"] = platform.processor() or platform.machine()
-    return info
-
-
-# torch's CPU allocator reports a failed allocation as a plain RuntimeError (c10's alloc_cpu), not as
-# torch.OutOfMemoryError as the CUDA allocator does: its messages are all that tell the two apart (one per
-# allocation path: posix_memalign's error, and a null pointer).
-CPU_ALLOCATOR_FAILURES = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
-
-
-def classify(exc: BaseException) -> str:
-    """The status a run that ended in ``exc`` gets."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return "oom"
-    if isinstance(exc, RuntimeError) and any(message in str(exc) for message in CPU_ALLOCATOR_FAILURES):
-        return "oom"
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(exc, UnsupportedError):
-        return "unsupported"
-    return "failed"
-
-
-class _ProcessEnded(Exception):
-    pass
-
-
-def _unhandled_exception() -> BaseException:
-    """At exit with a session still open: the exception that ended the process, if Python kept it."""
-    exc = getattr(sys, "last_value", None) or getattr(sys, "last_exc", None)
-    return exc if isinstance(exc, BaseException) else _ProcessEnded(
-        "the process ended with the session still open (an exception in the training loop, or sys.exit)")
