@@ -16,8 +16,13 @@ import pandas as pd
 from profkit.analyze import Breakdown
 from profkit.analyze.views import time_per_step
 
-ACROSS_COLUMNS = ["group", "category", "min_s", "median_s", "max_s", "slowest_rank", "ranks"]
-RANK_COLUMNS = ["group", "run", "rank", "step_s", "start_skew_ms", "communication_s", "communication_overlapped_s"]
+ACROSS_COLUMNS = ["group", "category", "min_s", "median_s", "max_s", "rank_with_most", "ranks"]
+RANK_COLUMNS = ["group", "run", "rank", "step_s", "compute_s", "communication_s", "idle_s", "start_skew_ms",
+                "communication_overlapped_s", "step_spread_s"]
+VERDICT_COLUMNS = ["group", "verdict", "rank", "waiting_s", "peers_waiting_s", "compute_s", "peers_compute_s",
+                   "idle_s", "peers_idle_s", "noise_s", "ranks"]
+# Below this share of the step, a difference between ranks is not called a straggler even if the steps are steady.
+NOISE_SHARE = 0.02
 MEMORY_COLUMNS = ["group", "run", "rank", "parameters_bytes", "whole_parameters_bytes", "parameters_fraction",
                   "gradients_bytes", "optimizer_state_bytes", "measured_peak_bytes"]
 PARAMETER_OWNERS = ("parameters_trainable", "parameters_frozen", "parameters_quantized")
@@ -48,23 +53,54 @@ def across_ranks(bd: Breakdown) -> pd.DataFrame:
             col = t[category]
             rows.append({"group": group, "category": category, "min_s": float(col.min()),
                          "median_s": float(col.median()), "max_s": float(col.max()),
-                         "slowest_rank": int(rank_of[col.idxmax()]), "ranks": len(runs)})
+                         "rank_with_most": int(rank_of[col.idxmax()]), "ranks": len(runs)})
     return pd.DataFrame(rows, columns=ACROSS_COLUMNS)
 
 
 def rank_summary(bd: Breakdown) -> pd.DataFrame:
+    """Per rank, per step: the step, and on the resource that times it (the GPU where there is one) the time spent
+    computing, waiting in collectives (communication not hidden under compute) and idle."""
     rows = []
     runs_by_name = bd.runs.set_index("run")
     for group, runs in groups(bd).items():
         starts = runs_by_name.loc[runs, "first_step_start_us"].astype(float)
         for run in runs:
             r = runs_by_name.loc[run]
-            step = r.gpu_step_time_s if pd.notna(r.gpu_step_time_s) else r.profiled_step_time_s
-            rows.append({"group": group, "run": run, "rank": int(r["rank"]), "step_s": float(step),
-                         "start_skew_ms": float(starts[run] - starts.min()) / 1e3,
-                         "communication_s": float(r.communication_exposed_s),
-                         "communication_overlapped_s": float(r.communication_overlapped_s)})
+            gpu = pd.notna(r.gpu_step_time_s)
+            t = bd.time[(bd.time.run == run) & (bd.time.resource == ("gpu" if gpu else "cpu"))]
+            by_category = t.groupby("category").seconds.sum()
+            waiting = float(by_category.get("communication", 0.0))
+            idle = float(by_category.get("idle", 0.0))
+            spread = (r.profiled_step_max_s - r.profiled_step_min_s) if pd.notna(r.profiled_step_max_s) else 0.0
+            rows.append({"group": group, "run": run, "rank": int(r["rank"]),
+                         "step_s": float(r.gpu_step_time_s if gpu else r.profiled_step_time_s),
+                         "compute_s": float(by_category.sum()) - waiting - idle, "communication_s": waiting,
+                         "idle_s": idle, "start_skew_ms": float(starts[run] - starts.min()) / 1e3,
+                         "communication_overlapped_s": float(r.communication_overlapped_s),
+                         "step_spread_s": float(spread)})
     return pd.DataFrame(rows, columns=RANK_COLUMNS)
+
+
+def verdict(bd: Breakdown) -> pd.DataFrame:
+    """Per group: the rank the others wait for, or lockstep. In synchronous collectives every rank waits for the
+    last to arrive, so the rank holding the job back is the one that waits *least* in its collectives: the others'
+    waiting is the time they spend for it. What it does instead (computes more, or leaves its device idle while
+    its host works) is set beside its peers'. A rank that waits longest is a victim, never the culprit. The
+    margin must exceed the noise: the largest spread between a rank's own profiled steps, and at least
+    ``NOISE_SHARE`` of the step; otherwise the ranks are in lockstep."""
+    rows = []
+    summary = rank_summary(bd)
+    for group, s in summary.groupby("group", sort=False):
+        s = s.set_index("rank")
+        noise = max(NOISE_SHARE * float(s.step_s.median()), float(s.step_spread_s.max()))
+        candidate = s.communication_s.idxmin()
+        peers = s.drop(candidate)
+        row = {"group": group, "rank": int(candidate), "noise_s": noise, "ranks": len(s)}
+        for column, name in (("communication_s", "waiting_s"), ("compute_s", "compute_s"), ("idle_s", "idle_s")):
+            row[name], row[f"peers_{name}"] = float(s.loc[candidate, column]), float(peers[column].median())
+        row["verdict"] = "straggler" if row["peers_waiting_s"] - row["waiting_s"] > noise else "lockstep"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=VERDICT_COLUMNS)
 
 
 def rank_memory(bd: Breakdown) -> pd.DataFrame:

@@ -200,23 +200,23 @@ def _print_ranks(out: Console, bd: Breakdown) -> None:
     across, per_rank, memory = ranks.across_ranks(bd), ranks.rank_summary(bd), ranks.rank_memory(bd)
     for group, g in across.groupby("group", sort=False):
         t = Table(title=f"{group}: time per step across ranks", box=box.SIMPLE_HEAD, padding=(0, 1))
-        for col in ("category", "min", "median", "max", "slowest rank"):
+        for col in ("category", "min", "median", "max", "most on rank"):
             t.add_column(col, justify="left" if col == "category" else "right", no_wrap=True)
         for _, r in g.iterrows():
             t.add_row(r.category, human_seconds(r.min_s), human_seconds(r.median_s), human_seconds(r.max_s),
-                      str(r.slowest_rank))
+                      str(r.rank_with_most))
         out.print(t)
-        t = Table(title=f"{group}: each rank", box=box.SIMPLE_HEAD, padding=(0, 1),
-                  caption="start skew: how much later than the earliest rank its first profiled step began; "
-                          "communication exposed: not hidden under compute (on CPU: the profiled thread ran no "
-                          "operator while a collective ran)")
-        for col in ("rank", "step", "start\nskew", "communication\nexposed", "communication\noverlapped", "run"):
-            # The run name last, folded rather than cut where the terminal is narrow.
-            t.add_column(col, justify="left" if col == "run" else "right", no_wrap=col != "run",
-                         overflow="fold")
+        t = Table(title=f"{group}: each rank, per step", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  caption="on the GPU where there is one: compute; waiting in collectives (communication not "
+                          "hidden under compute; on CPU: the profiled thread ran no operator while a collective "
+                          "ran); idle; communication hidden under compute. start skew: how much later than the "
+                          "earliest rank its first profiled step began")
+        for col in ("rank", "step", "compute", "waiting", "idle", "hidden\ncomm.", "start\nskew"):
+            t.add_column(col, justify="right", no_wrap=True)
         for _, r in per_rank[per_rank.group == group].iterrows():
-            t.add_row(str(r["rank"]), human_seconds(r.step_s), f"{r.start_skew_ms:.2f} ms",
-                      human_seconds(r.communication_s), human_seconds(r.communication_overlapped_s), r.run)
+            t.add_row(str(r["rank"]), human_seconds(r.step_s), human_seconds(r.compute_s),
+                      human_seconds(r.communication_s), human_seconds(r.idle_s),
+                      human_seconds(r.communication_overlapped_s), f"{r.start_skew_ms:.2f} ms")
         out.print(t)
         mem = memory[memory.group == group]
         if mem.parameters_bytes.notna().any():

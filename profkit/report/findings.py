@@ -264,23 +264,25 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
 
 
 def rank_sentences(bd: Breakdown) -> list[str]:
-    """Per group: the slowest rank and the category that makes it slow, and the step-start skew."""
+    """Per group: the rank the others wait for (or lockstep), the step-start skew, what each rank holds."""
     out = []
-    summary = ranks.rank_summary(bd)
+    summary, verdicts = ranks.rank_summary(bd), ranks.verdict(bd)
     for group, runs in ranks.groups(bd).items():
         s = summary[summary.group == group].set_index("run")
-        slow = s.step_s.idxmax()
-        t = ranks.per_rank_time(bd, runs)
-        excess = (t.loc[slow] - t.median()).sort_values(ascending=False)
-        out.append(f"{group}: the slowest rank is {int(s.loc[slow, 'rank'])} ({human_seconds(s.loc[slow, 'step_s'])} "
-                   f"per step against a median of {human_seconds(s.step_s.median())}), most of it in {excess.index[0]} "
-                   f"(+{human_seconds(excess.iloc[0])} over the median rank's); the first profiled step started "
-                   f"{s.start_skew_ms.max():.2f} ms apart between the earliest and the latest rank.")
-        waits = s.communication_s.idxmax()
-        if s.loc[waits, "start_skew_ms"] <= s.start_skew_ms.median() < s.start_skew_ms.max():
-            out.append(f"{group}: rank {int(s.loc[waits, 'rank'])} spends the most in communication "
-                       f"({human_seconds(s.loc[waits, 'communication_s'])} per step) and started among the earliest: "
-                       "collectives wait for the ranks that arrive last.")
+        v = verdicts[verdicts.group == group].iloc[0]
+        if v.verdict == "straggler":
+            does = max((("computes", v.compute_s - v.peers_compute_s), ("leaves its device idle", v.idle_s -
+                        v.peers_idle_s)), key=lambda item: item[1])
+            out.append(f"{group}: the others wait for rank {v['rank']}: it waits {human_seconds(v.waiting_s)} per "
+                       f"step in collectives against a median of {human_seconds(v.peers_waiting_s)} for its peers, "
+                       f"and {does[0]} {human_seconds(does[1])} more than they do"
+                       + (" (host-bound: its host runs late)" if does[0].startswith("leaves") else "") + ".")
+        else:
+            out.append(f"{group}: the ranks are in lockstep: no rank waits in collectives less than the others by "
+                       f"more than the noise ({human_seconds(v.noise_s)} per step); steps "
+                       f"{human_seconds(s.step_s.min())} to {human_seconds(s.step_s.max())}.")
+        out.append(f"{group}: the first profiled step started {s.start_skew_ms.max():.2f} ms apart between the "
+                   "earliest and the latest rank.")
         mem = ranks.rank_memory(bd)
         mem = mem[(mem.group == group) & mem.parameters_fraction.notna()]
         if len(mem):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from profkit.analyze import Breakdown
+from profkit.analyze import Breakdown, ranks
 from profkit.analyze.views import memory_at, primary_resource, time_per_step
 from profkit.core.units import mib, ms
 from profkit.report import findings, tables
@@ -21,14 +21,37 @@ def _clean(value):
     return value
 
 
+def _rows(frame) -> list[dict]:
+    return [{k: _clean(v) for k, v in row.items() if k != "group"} for row in frame.to_dict("records")]
+
+
+def _rank_groups(bd: Breakdown) -> dict[str, dict]:
+    """Run -> its job's cross-rank figures: its own row, the group's verdict and the table across ranks."""
+    out: dict[str, dict] = {}
+    groups = ranks.groups(bd)
+    if not groups:
+        return out
+    per_rank, verdicts, across = ranks.rank_summary(bd), ranks.verdict(bd), ranks.across_ranks(bd)
+    for group, runs in groups.items():
+        shared = {"group": group, "verdict": _rows(verdicts[verdicts.group == group])[0],
+                  "across_ranks": _rows(across[across.group == group])}
+        for row in _rows(per_rank[per_rank.group == group]):
+            out[row["run"]] = {**shared, "this_rank": row}
+    return out
+
+
 def to_records(bd: Breakdown) -> list[dict]:
-    """The JSON form: one object per run with ``memory`` (bytes) and ``time`` (seconds per step) maps."""
-    mem, out = memory_at(bd), []
+    """The JSON form: one object per run with ``memory`` (bytes) and ``time`` (seconds per step) maps, and in
+    ``figures`` every per-run figure the analysis has (the terminal's tables are made from these)."""
+    mem, out, rank_groups = memory_at(bd), [], _rank_groups(bd)
     for _, r in bd.runs.iterrows():
         run = r["run"]
         rec = {"run": run, "method": r.get("method"), "status": r.get("status"), "reason": _clean(r.get("reason")),
                "clean_step_time": _clean(r.get("clean_step_time_s")), "tokens_per_s": _clean(r.get("tokens_per_s")),
-               "memory": None, "time": None, "notes": bd.notes.get(run, [])}
+               "memory": None, "time": None, "notes": bd.notes.get(run, []),
+               "figures": {k: _clean(v) for k, v in r.items() if k != "settings" and _clean(v) is not None}}
+        if run in rank_groups:
+            rec["ranks"] = rank_groups[run]
         if run in mem.index:
             rec["memory"] = {c: _clean(v) for c, v in mem.loc[run].items()}
             rec["memory"]["measured_peak"] = _clean(r.get("measured_peak_bytes"))

@@ -61,10 +61,11 @@ def test_across_ranks_table_and_finding(dlrm):
     comm = across[across.category == "communication"].iloc[0]
     per_rank = ranks.rank_summary(dlrm)
     assert comm.max_s == pytest.approx(per_rank.communication_s.max())  # exposed communication, per step
-    assert int(per_rank.loc[per_rank.communication_s.idxmax(), "rank"]) == comm.slowest_rank
+    assert int(per_rank.loc[per_rank.communication_s.idxmax(), "rank"]) == comm.rank_with_most
     text = " ".join(findings.rank_sentences(dlrm))
-    slowest = int(per_rank.loc[per_rank.step_s.idxmax(), "rank"])
-    assert f"the slowest rank is {slowest}" in text
+    # The rank that waits least in its collectives is the one the others wait for (not the slowest step's).
+    waits_least = int(per_rank.loc[per_rank.communication_s.idxmin(), "rank"])
+    assert f"the others wait for rank {waits_least}" in text
 
 
 def test_two_ranks_of_a_larger_job_and_the_cli(tmp_path):
@@ -77,12 +78,12 @@ def test_two_ranks_of_a_larger_job_and_the_cli(tmp_path):
     assert out.returncode == 0 and "time per step across ranks" in out.stdout and "start skew" in out.stdout
 
 
-def test_the_report_names_the_slowest_rank(dlrm, tmp_path):
+def test_the_report_names_the_rank_the_others_wait_for(dlrm, tmp_path):
     from profkit.report.document import write_report
 
     rep = write_report([DLRM], tmp_path / "ranks")
     text = rep.markdown_path.read_text()
-    assert "the slowest rank is" in text
+    assert "the others wait for rank" in text
     assert tmp_path / "ranks" / "ranks.png" in rep.images and "![Ranks of one job side by side](ranks.png)" in text
     assert "| communication exposed |" in text.replace("  ", " ") or "communication exposed" in text
 
@@ -114,3 +115,88 @@ def test_ranks_analysed_in_worker_processes_give_the_same_tables(dlrm):
     for name in ("runs", "time", "time_by_name"):
         pd.testing.assert_frame_equal(getattr(parallel, name), getattr(dlrm, name))
     pd.testing.assert_frame_equal(ranks.rank_summary(parallel), ranks.rank_summary(dlrm))
+
+
+def synthetic_rank(path, rank: int, compute_ms: float, wait_ms: float, steps: int = 3):
+    """A GPU trace of one rank of two: per step a GEMM for ``compute_ms`` then an NCCL all-reduce that lasts
+    ``wait_ms`` (what it waits for the other rank, plus the transfer), each launched by a CPU op."""
+    events, ts, corr = [], 0.0, 0
+    step_us = (compute_ms + wait_ms) * 1e3 + 100
+    for k in range(steps):
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1,
+                       "ts": ts, "dur": step_us})
+        start = ts + 10
+        for name, op, dur in (("ampere_sgemm_128x64_nn", "aten::mm", compute_ms * 1e3),
+                              ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "c10d::allreduce_", wait_ms * 1e3)):
+            corr += 1
+            events += [{"ph": "X", "cat": "cpu_op", "name": op, "pid": 1, "tid": 1, "ts": start, "dur": 5},
+                       {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                        "ts": start + 1, "dur": 3, "args": {"correlation": corr}},
+                       {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": start + 5, "dur": dur,
+                        "args": {"correlation": corr, "stream": 7, "device": 0}}]
+            start += dur + 5
+        ts += step_us
+    path.write_text(json.dumps({"distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 2},
+                                "traceEvents": events}))
+
+
+@pytest.mark.parametrize("times, expected", [
+    (((8.0, 1.0), (4.0, 5.0)), ("straggler", 0)),  # rank 0 computes 4 ms more: rank 1 waits for it
+    (((4.0, 5.0), (8.0, 1.0)), ("straggler", 1)),
+    (((6.0, 3.0), (6.0, 3.02)), ("lockstep", None)),  # 20 µs apart: within the noise
+])
+def test_the_verdict_names_the_rank_the_others_wait_for(tmp_path, times, expected):
+    for rank, (compute_ms, wait_ms) in enumerate(times):
+        synthetic_rank(tmp_path / f"rank{rank}.json", rank, compute_ms, wait_ms)
+    bd = breakdown([tmp_path])
+    v = ranks.verdict(bd).iloc[0]
+    assert v.verdict == expected[0]
+    text = " ".join(findings.rank_sentences(bd))
+    if expected[0] == "straggler":
+        assert v["rank"] == expected[1]
+        assert v.compute_s - v.peers_compute_s == pytest.approx(4e-3, rel=1e-6)
+        assert v.peers_waiting_s - v.waiting_s == pytest.approx(4e-3, rel=1e-6)
+        assert f"the others wait for rank {expected[1]}" in text and "computes 4.00 ms more" in text
+    else:
+        assert "in lockstep" in text
+
+
+def test_every_figure_of_the_rank_tables_is_in_the_json(dlrm):
+    """The per-rank table and the verdict as the terminal prints them, found again in ``--format json``."""
+    from typer.testing import CliRunner
+
+    from profkit.cli import app
+
+    terminal = CliRunner().invoke(app, ["breakdown", str(DLRM)], env={"COLUMNS": "200"}).output
+    records = json.loads(CliRunner().invoke(app, ["breakdown", str(DLRM), "-f", "json"]).output)
+    by_rank = {r["ranks"]["this_rank"]["rank"]: r["ranks"]["this_rank"] for r in records}
+    table = terminal[terminal.index("each rank, per step"):]
+    seen = 0
+    for line in table.splitlines():
+        cells = line.split()
+        if len(cells) == 13 and cells[0].isdigit():  # rank, then six figures with their units
+            row = by_rank[int(cells[0])]
+            figures = [float(v) for v in cells[1::2]]
+            expected = [row[k] * 1e3 for k in ("step_s", "compute_s", "communication_s", "idle_s",
+                                               "communication_overlapped_s")] + [row["start_skew_ms"]]
+            assert figures == pytest.approx([round(e, 2) for e in expected], abs=0.006)
+            seen += 1
+    assert seen == 8
+    v = records[0]["ranks"]["verdict"]
+    assert f"waits {v['waiting_s'] * 1e3:.2f} ms per step" in terminal.replace("\n", " ")
+    assert f"a median of {v['peers_waiting_s'] * 1e3:.2f} ms" in terminal.replace("\n", " ")
+
+
+def test_json_figures_hold_every_figure_of_the_runs_table(dlrm):
+    """``figures`` carries every per-run column the analysis has (a foreign trace's profiled step, coverage and
+    peak; a generation run's TTFT, TPOT and KV cache are columns of the same table)."""
+    from profkit.report.formats import to_records
+
+    records = {r["run"]: r for r in to_records(dlrm)}
+    for _, row in dlrm.runs.iterrows():
+        figures = records[row["run"]]["figures"]
+        present = {k: v for k, v in row.items() if k != "settings" and not (isinstance(v, float) and v != v)
+                   and v is not None}
+        assert figures.keys() == present.keys()
+        for k, v in present.items():
+            assert figures[k] == (pytest.approx(v) if isinstance(v, float) else v), k
