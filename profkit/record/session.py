@@ -59,7 +59,9 @@ Predict = Callable[[Any, RunRecord, tuple[int, int], int, str], dict]
 # Enough allocator events for several steps of a 3B model; older events are dropped first.
 CUDA_HISTORY_MAX_ENTRIES = 200_000
 PHASES = ("warmup", "timed", "time_profile", "memory_profile")
-MEMORY_CYCLE_ATTEMPTS = 3  # torch's memory timeline export fails now and then; the cycle is run again
+# torch's memory timeline export fails now and then (pytorch/pytorch#167838); the cycle is run again. Seen here:
+# 3 attempts all failing for one of 8 two-rank recordings (every rank runs again when any rank's export fails).
+MEMORY_CYCLE_ATTEMPTS = 5
 
 
 _OPEN: "weakref.ref[Session] | None" = None  # the session open in this process, if any
