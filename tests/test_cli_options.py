@@ -64,3 +64,17 @@ def test_paths_are_stored_resolved(parsed, tmp_path, monkeypatch):
     back = parsed(["lora", "--model", "ckpt", "--dataset", "data.txt"])
     assert (back.model_path, back.dataset_path) == (str(tmp_path / "ckpt"), str(tmp_path / "data.txt"))
     assert parsed(replace(back, method="lora").to_argv()) == back
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "tpu"], "--device 'tpu': valid values are auto, cpu, cuda"),
+    (["--engine", "accelerate"], "--engine 'accelerate': valid values are loop, trainer"),
+    (["--preset", "gpt5"], "--preset 'gpt5': valid values are micro, tiny"),
+    (["--optimizer", "lion"], "--optimizer 'lion': valid values are adamw, adamw-8bit"),
+])
+def test_a_value_outside_an_options_choices_exits_2_naming_them(parsed, argv, message):
+    for command in ("record", "estimate"):
+        if command == "estimate" and argv[0] in ("--device", "--engine"):
+            continue  # estimate's --device is its own option; it has no --engine
+        result = CliRunner().invoke(app, [command, "lora", *argv])
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output

@@ -36,6 +36,9 @@ def with_options(options: dict[str, tuple[CommandOption, object]], into: str, he
         @functools.wraps(command)
         def command_with_options(**kwargs):
             values = {name: kwargs.pop(name) for name in options}
+            for name, (option, _) in options.items():
+                if option.choices and values[name] is not None and values[name] not in option.choices:
+                    fail_usage(f"{option.flag} {values[name]!r}: valid values are {', '.join(option.choices)}")
             return command(**kwargs, **{into: values})
 
         command_with_options.__signature__ = signature.replace(parameters=own + added)

@@ -12,7 +12,7 @@ from profkit.cli.common import fail_usage
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.core.presets import UnknownPresetError, get_preset
-from profkit.core.settings import DEVICES, ENGINES, RunSettings
+from profkit.core.settings import RunSettings
 from profkit.core.units import human_bytes
 from profkit.launch import runner
 from profkit.store import DEFAULT_ROOT
@@ -74,14 +74,10 @@ def record(
         fail_usage(str(exc))
     if not chosen:
         fail_usage(f"name at least one method, or --all; valid methods: {', '.join(METHODS)}")
-    device, engine, nproc = run_settings["device"], run_settings["engine"], run_settings["nproc"]
+    engine, nproc = run_settings["engine"], run_settings["nproc"]
     model, dataset = run_settings["model_path"], run_settings["dataset_path"]
-    if device not in DEVICES:
-        fail_usage(f"unknown device {device!r}; valid: {', '.join(DEVICES)}")
     if model is not None and not (model / "config.json").is_file():
         fail_usage(f"--model {model}: not a Hugging Face checkpoint directory (no config.json)")
-    if engine not in ENGINES:
-        fail_usage(f"unknown engine {engine!r}; valid: {', '.join(ENGINES)}")
     if engine == "trainer" and any(m.kind != "train" for m in chosen):
         inference = [m.name for m in chosen if m.kind != "train"]
         fail_usage(f"--engine trainer records training methods only; {', '.join(inference)} "

@@ -14,7 +14,7 @@ class CommandOption:
     type: type  # int, float, str, bool or pathlib.Path (a path is stored resolved, as a string)
     minimum: float | None = None
     maximum: float | None = None
-    choices: tuple[str, ...] = ()  # checked by the settings' own validation, which names the valid ones
+    choices: tuple[str, ...] = ()  # a value outside them is refused with the valid ones named
     panel: str | None = None  # the help's section
 
     def words(self, value) -> list[str]:
