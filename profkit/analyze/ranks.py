@@ -68,13 +68,13 @@ def rank_summary(bd: Breakdown) -> pd.DataFrame:
             r = runs_by_name.loc[run]
             gpu = pd.notna(r.gpu_step_time_s)
             t = bd.time[(bd.time.run == run) & (bd.time.resource == ("gpu" if gpu else "cpu"))]
-            by_category = t.groupby("category").seconds.sum()
-            waiting = float(by_category.get("communication", 0.0))
-            idle = float(by_category.get("idle", 0.0))
+            idle = float(t[t.category == "idle"].seconds.sum())
+            step = float(r.gpu_step_time_s if gpu else r.profiled_step_time_s)
+            # Waiting: communication not hidden under compute (on CPU: while the profiled thread ran no operator).
+            waiting = float(r.communication_exposed_s)
             spread = (r.profiled_step_max_s - r.profiled_step_min_s) if pd.notna(r.profiled_step_max_s) else 0.0
-            rows.append({"group": group, "run": run, "rank": int(r["rank"]),
-                         "step_s": float(r.gpu_step_time_s if gpu else r.profiled_step_time_s),
-                         "compute_s": float(by_category.sum()) - waiting - idle, "communication_s": waiting,
+            rows.append({"group": group, "run": run, "rank": int(r["rank"]), "step_s": step,
+                         "compute_s": step - waiting - idle, "communication_s": waiting,
                          "idle_s": idle, "start_skew_ms": float(starts[run] - starts.min()) / 1e3,
                          "communication_overlapped_s": float(r.communication_overlapped_s),
                          "step_spread_s": float(spread)})
