@@ -341,6 +341,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     trace = t = None
     try:
         trace = load_trace(time_trace)
+        problems += [Problem(time_trace, w, fatal=False) for w in trace.warnings]
         t = analyze_time(trace)
         c.add("time", t.rows, src.run, method)
         c.add("time_by_name", t.by_name, src.run, method)
@@ -374,6 +375,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     try:
         timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
         memory_trace = load_trace(run_dir.memory_trace)
+        problems += [Problem(run_dir.memory_trace, w, fatal=False) for w in memory_trace.warnings]
         c.windows[src.run] = phase_windows(memory_trace, labels.PHASE_OF_LABEL)
         m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
         c.add("memory", m.rows, src.run, method)

@@ -22,6 +22,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -85,7 +86,55 @@ def load_snapshot(path: Path) -> dict:
         data = {"segments": data, "device_traces": []}
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
         raise SnapshotError(path, "not an allocator snapshot (no 'segments' list)")
+    try:  # checked, not converted: the analysis reads the plain data; unknown fields are every version's own
+        msgspec.convert(data, _Snapshot)
+    except msgspec.ValidationError as exc:
+        raise SnapshotError(path, f"a damaged allocator snapshot: {exc}") from None
     return data
+
+
+# What the analysis reads of a snapshot, with the types it computes with: torch's layouts since 2.0 agree on
+# these (frames on blocks, or a legacy ``history``; fields added later are optional).
+class _Frame(msgspec.Struct):
+    filename: str = ""
+    line: int | None = None
+    name: str = ""
+
+
+class _Block(msgspec.Struct):
+    size: int
+    state: str = ""
+    requested_size: int | None = None
+    frames: list[_Frame] | None = None
+    history: list[dict] | None = None
+
+
+class _Segment(msgspec.Struct):
+    address: int
+    total_size: int
+    blocks: list[_Block] = []
+    device: int = 0
+    segment_type: str = "large"
+
+
+class _TraceEntry(msgspec.Struct):
+    action: str
+    addr: int = 0
+    size: int = 0
+    time_us: float | None = None
+    frames: list[_Frame] | None = None
+
+
+class _Annotation(msgspec.Struct):
+    time_us: float = 0
+    name: str | None = None
+
+
+class _Snapshot(msgspec.Struct):
+    segments: list[_Segment]
+    device_traces: list[list[_TraceEntry] | None] | None = None
+    allocator_settings: dict | None = None
+    external_annotations: list[_Annotation] | None = None
 
 
 # --------------------------------------------------------------------------- where an allocation came from

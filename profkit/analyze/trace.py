@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from array import array
@@ -152,8 +153,8 @@ class _Event(msgspec.Struct):
     name: str = ""
     pid: int | str = ""
     tid: int | str = ""
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float = math.nan  # missing: not a time, and the event is dropped (never placed at 0)
+    dur: float = math.nan
     args: _Args | None = None
 
 
@@ -168,10 +169,25 @@ _ARRAY_END = re.compile(rb"\}\s*\]")
 _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
+# An event longer than a day, or more than a day from the trace's median time, is not a profiled event but a
+# damaged number (a real trace spans seconds to minutes; a whole-day profile would be gigabytes).
+MAX_SPAN_US = 86_400e6
+
+
+def _valid_time(ts: float, dur: float) -> bool:
+    return math.isfinite(ts) and math.isfinite(dur) and 0 <= dur <= MAX_SPAN_US
+
+
+# The types an event's fields must have; an event with another is damaged and dropped, never guessed at.
+# (Times are checked apart: a missing or non-numeric time is counted as an invalid time.)
+_FIELD_TYPES = {"ph": str, "cat": str, "name": str, "pid": (int, str), "tid": (int, str), "args": (dict, type(None))}
+
+
 class _Columns:
-    """Accumulates decoded events as codes and numbers."""
+    """Accumulates decoded events as codes and numbers; events whose times are not valid are counted, not kept."""
 
     def __init__(self) -> None:
+        self.dropped: dict[str, int] = {}
         self.names: dict[str, int] = {}
         self.cats: dict[str, int] = {}
         self.threads: dict[tuple, int] = {}
@@ -182,8 +198,16 @@ class _Columns:
         self.mem_ts = array("d")
         self.mem_thread = array("i")
 
+    def _drop(self, reason: str, n: int) -> None:
+        if n:
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+
     def add(self, events: list) -> None:
         x = [e for e in events if e.ph == "X"]
+        valid = [e for e in x if _valid_time(e.ts, e.dur)]
+        self._drop("a start or duration that is missing, not a number, negative or longer than a day",
+                   len(x) - len(valid))
+        x = valid
         names, cats, threads = self.names, self.cats, self.threads
         self.name_id.extend([names.setdefault(e.name, len(names)) for e in x])
         self.cat_id.extend([cats.setdefault(LEGACY_CATS.get(e.cat, e.cat), len(cats)) for e in x])
@@ -193,6 +217,9 @@ class _Columns:
         self.seq.extend([e.args.seq if e.args is not None else -1 for e in x])
         self.corr.extend([e.args.correlation if e.args is not None else -1 for e in x])
         mem = [e for e in events if e.ph == "i" and e.name == "[memory]" and e.args is not None]
+        valid = [e for e in mem if math.isfinite(e.ts)]
+        self._drop("a [memory] event whose time is missing or not a number", len(mem) - len(valid))
+        mem = valid
         if mem:
             self.mem_ts.extend([e.ts for e in mem])
             self.mem_thread.extend([threads.setdefault((e.pid, e.tid), len(threads)) for e in mem])
@@ -205,23 +232,28 @@ class _Columns:
         typed = []
         for e in events:
             if not isinstance(e, dict):
+                self._drop("no event at all (a value that is not a JSON object)", 1)
                 continue
-            args = e.get("args") if isinstance(e.get("args"), dict) else {}
-            kwargs = {}
+            wrong = [k for k, kinds in _FIELD_TYPES.items() if k in e and not isinstance(e[k], kinds)]
+            if wrong:
+                self._drop("a field of the wrong type (" + ", ".join(wrong) + ")", 1)
+                continue
+            args = e.get("args") or {}
+            kwargs, bad = {}, []
             for src, dst in _ARGS_FIELDS.items():
-                try:
-                    kwargs[dst] = int(args[src])
-                except (KeyError, TypeError, ValueError):
-                    pass
-            try:
-                ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
-            except (TypeError, ValueError):
+                if src in args:
+                    try:
+                        kwargs[dst] = int(args[src])  # a number written as a string is still that number
+                    except (TypeError, ValueError):
+                        bad.append(src)
+            if bad:
+                self._drop("an argument of the wrong type (" + ", ".join(bad) + ")", 1)
                 continue
-            pid, tid = e.get("pid", ""), e.get("tid", "")
-            typed.append(_Event(ph=str(e.get("ph", "")), cat=str(e.get("cat", "")), name=str(e.get("name", "")),
-                                pid=pid if isinstance(pid, (int, str)) else str(pid),
-                                tid=tid if isinstance(tid, (int, str)) else str(tid), ts=ts, dur=dur,
-                                args=_Args(**kwargs)))
+            # A time written as a string, or any other non-number, is damage, not a format: left invalid (dropped).
+            ts, dur = (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+                       for v in (e.get("ts"), e.get("dur")))
+            typed.append(_Event(ph=e.get("ph", ""), cat=e.get("cat", ""), name=e.get("name", ""),
+                                pid=e.get("pid", ""), tid=e.get("tid", ""), ts=ts, dur=dur, args=_Args(**kwargs)))
         self.add(typed)
 
     def decode(self, text: bytes) -> None:
@@ -291,7 +323,12 @@ def _read_trace(fh, columns: _Columns) -> dict:
                 suffix = buf[m.end():]
                 break
             else:
-                raise ValueError("the event list never ends: the file is truncated")
+                try:  # the text is whole, yet no event object ends the list: it holds other values
+                    msgspec.json.decode((prefix or b"") + b"[" + buf)
+                except msgspec.DecodeError:
+                    raise ValueError("the event list never ends: the file is truncated") from None
+                raise ValueError("not a Chrome/Kineto trace: its event list holds values that are not event "
+                                 "objects")
         break
     if prefix is None:
         return {}
@@ -331,18 +368,37 @@ def load_trace(path: Path | str) -> Trace:
     except (ValueError, msgspec.DecodeError) as exc:
         reason = str(exc) if "Chrome/Kineto" in str(exc) else f"not valid JSON, possibly truncated ({exc})"
         raise TraceError(path, reason) from None
-    if not len(columns.ts):
-        raise TraceError(path, "the trace has no complete ('X') events")
+    dropped = dict(columns.dropped)
+    ts = np.frombuffer(columns.ts)
+    # Inside the trace's span: within a day of the median start (a damaged timestamp lies years away).
+    inside = np.abs(ts - np.median(ts)) <= MAX_SPAN_US if len(ts) else np.ones(0, dtype=bool)
+    if not inside.all():
+        dropped["a start more than a day from the trace's median"] = int((~inside).sum())
+    if not inside.any():
+        detail = f" ({_dropped_text(dropped)})" if dropped else ""
+        raise TraceError(path, f"the trace has no complete ('X') events with valid times{detail}")
     memory = None
     if len(columns.mem_ts):
-        memory = MemoryEvents(np.frombuffer(columns.mem_ts), *(np.frombuffer(columns.mem[k], dtype=np.int64) for k in
-                                                              ("bytes", "total_allocated", "total_reserved",
-                                                               "device_type", "device_id", "addr")),
-                              np.frombuffer(columns.mem_thread, dtype=np.int32))
+        mem_ts = np.frombuffer(columns.mem_ts)
+        near = np.abs(mem_ts - np.median(ts[inside])) <= MAX_SPAN_US
+        if not near.all():
+            dropped["a [memory] event more than a day from the trace's median"] = int((~near).sum())
+        memory = MemoryEvents(mem_ts[near], *(np.frombuffer(columns.mem[k], dtype=np.int64)[near] for k in
+                                              ("bytes", "total_allocated", "total_reserved", "device_type",
+                                               "device_id", "addr")),
+                              np.frombuffer(columns.mem_thread, dtype=np.int32)[near])
     threads = [f"{pid}/{tid}" for pid, tid in columns.threads]
-    return Trace(path, metadata if isinstance(metadata, dict) else {}, list(columns.names),
-                 np.frombuffer(columns.name_id, dtype=np.int32), list(columns.cats),
-                 np.frombuffer(columns.cat_id, dtype=np.int16), threads,
-                 np.frombuffer(columns.thread_id, dtype=np.int32), np.frombuffer(columns.ts),
-                 np.frombuffer(columns.dur), np.frombuffer(columns.seq, dtype=np.int64),
-                 np.frombuffer(columns.corr, dtype=np.int64), memory)
+    keep = slice(None) if inside.all() else inside
+    trace = Trace(path, metadata if isinstance(metadata, dict) else {}, list(columns.names),
+                  np.frombuffer(columns.name_id, dtype=np.int32)[keep], list(columns.cats),
+                  np.frombuffer(columns.cat_id, dtype=np.int16)[keep], threads,
+                  np.frombuffer(columns.thread_id, dtype=np.int32)[keep], ts[keep],
+                  np.frombuffer(columns.dur)[keep], np.frombuffer(columns.seq, dtype=np.int64)[keep],
+                  np.frombuffer(columns.corr, dtype=np.int64)[keep], memory)
+    if dropped:
+        trace.warnings.append(f"{sum(dropped.values())} events dropped, never analysed: {_dropped_text(dropped)}")
+    return trace
+
+
+def _dropped_text(dropped: dict[str, int]) -> str:
+    return "; ".join(f"{n} with {reason}" for reason, n in dropped.items())

@@ -62,3 +62,33 @@ def test_cli_exit_codes(mixed):
     assert "good" in result.stdout
     assert run_cli("breakdown", str(GOOD)).returncode == 0
     assert run_cli("breakdown", str(GOOD), "--explain", "nonsense").returncode == 2
+
+
+@pytest.mark.parametrize("trace", ["a100_alexnet_single.json.gz", "h100_qwen1.5-0.5b_hf_memory.json.gz"])
+def test_events_with_invalid_times_are_dropped_counted_and_never_analysed(tmp_path, trace):
+    """A real trace with damaged events added (times as strings, missing, negative, years away, a day long):
+    they are dropped and counted in a warning naming the file, and every figure equals the clean trace's."""
+    with gzip.open(GPU_TRACES / trace, "rt") as fh:
+        data = json.load(fh)
+    kernel = next(e for e in data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel")
+    damaged = [{**kernel, "ts": str(kernel["ts"])}, {k: v for k, v in kernel.items() if k != "ts"},
+               {**kernel, "dur": -5}, {**kernel, "ts": kernel["ts"] + 1e15}, {**kernel, "dur": 2 * 86_400e6},
+               {**kernel, "ts": "1672876799.2"}, {**kernel, "ts": None}, {**kernel, "dur": True}]
+    memory = [{"ph": "i", "name": "[memory]", "ts": "soon", "pid": 1, "tid": 1, "args": {"Bytes": 1 << 40}},
+              {"ph": "i", "name": "[memory]", "ts": kernel["ts"] + 1e15, "pid": 1, "tid": 1,
+               "args": {"Bytes": 1 << 40, "Total Allocated": 1 << 40, "Device Type": 1}}]
+    bad = {**data, "traceEvents": data["traceEvents"] + damaged + memory}
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "bad").mkdir()
+    with gzip.open(tmp_path / "clean" / trace, "wt") as fh:
+        json.dump(data, fh)
+    with gzip.open(tmp_path / "bad" / trace, "wt") as fh:
+        json.dump(bad, fh)
+    clean, broken = breakdown([tmp_path / "clean"]), breakdown([tmp_path / "bad"])
+    warnings = [p for p in broken.problems if "events dropped" in p.message]
+    assert len(warnings) == 1 and warnings[0].path.name == trace and not warnings[0].fatal
+    assert warnings[0].message.startswith(f"{len(damaged) + len(memory)} events dropped")
+    assert not broken.failed
+    assert broken.runs.drop(columns="path").equals(clean.runs.drop(columns="path"))
+    assert broken.time.equals(clean.time) and broken.time_by_name.equals(clean.time_by_name)
+    assert broken.trace_memory_peaks.equals(clean.trace_memory_peaks)
