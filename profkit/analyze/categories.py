@@ -38,7 +38,9 @@ RULES: list[tuple[str, str]] = [
     ("gemm", r"aten::(mm|bmm|addmm|matmul|linear|baddbmm|addbmm|_addmm_activation|addmv|mv|dot|_scaled_mm)\b|"
              r"(?<!fb)gemm|gemv|cublas|cutlass|xmma|nvjet|wgmma|_mma|matmul|\bCijk_|hipblaslt|rocblas"),
     ("convolution", r"conv|cudnn|implicit_?gemm|winograd|wgrad|dgrad|miopen"),
-    ("optimizer", r"optimizer|adam|\bsgd\b|multi_tensor_apply|_foreach_|\blamb\b"),
+    # Only names that say what the work is for: "foreach" and "multi_tensor_apply" say how (inference uses them
+    # too); optimizer time is found by its context, the optimizer step's annotation, before any name is read.
+    ("optimizer", r"optimizer|adam|\bsgd\b|\blamb(stage|\b)"),
     ("memcpy_memset", r"aten::(copy_|clone|contiguous|fill_|zero_|zeros|ones|empty|empty_like|empty_strided|"
                       r"zeros_like|new_empty|new_zeros|resize_|set_|_to_copy|to)\b|memcpy|memset|cudamemcpy|"
                       r"cudamemset"),
@@ -50,7 +52,7 @@ RULES: list[tuple[str, str]] = [
                     r"unbind|repeat|alias|detach|lift_fresh|_reshape_alias|result_type|item|_local_scalar_dense|"
                     r"is_nonzero|sort|topk|argmax|multinomial|scalar_tensor|lerp|addcmul|addcdiv|rsub|"
                     r"sign|reciprocal|maximum|minimum|fmod|remainder|ceil|floor|round|type_as|_softmax_backward)|"
-                    r"elementwise|vectorized|unrolled|reduce_kernel|reduction|act_and_mul|silu|gelu|"
+                    r"_foreach_|multi_tensor_apply|elementwise|vectorized|unrolled|reduce_kernel|reduction|act_and_mul|silu|gelu|"
                     r"batchnorm|pooling|dropout|fused|index|scatter|gather|cat_|catarray|copy_kernel|"
                     r"triu|tril|arange|fill|where|compare|neg|pow|exp|sqrt|distribution|random|"
                     r"radixsort|devicescan|reducebykey|segmented_?sort|_pool|pool_|permute|transpose"),

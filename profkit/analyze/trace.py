@@ -174,10 +174,6 @@ _KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 MAX_SPAN_US = 86_400e6
 
 
-def _valid_time(ts: float, dur: float) -> bool:
-    return math.isfinite(ts) and math.isfinite(dur) and 0 <= dur <= MAX_SPAN_US
-
-
 # The types an event's fields must have; an event with another is damaged and dropped, never guessed at.
 # (Times are checked apart: a missing or non-numeric time is counted as an invalid time.)
 _FIELD_TYPES = {"ph": str, "cat": str, "name": str, "pid": (int, str), "tid": (int, str), "args": (dict, type(None))}
@@ -203,11 +199,7 @@ class _Columns:
             self.dropped[reason] = self.dropped.get(reason, 0) + n
 
     def add(self, events: list) -> None:
-        x = [e for e in events if e.ph == "X"]
-        valid = [e for e in x if _valid_time(e.ts, e.dur)]
-        self._drop("a start or duration that is missing, not a number, negative or longer than a day",
-                   len(x) - len(valid))
-        x = valid
+        x = [e for e in events if e.ph == "X"]  # times are checked on the columns, at once (load_trace)
         names, cats, threads = self.names, self.cats, self.threads
         self.name_id.extend([names.setdefault(e.name, len(names)) for e in x])
         self.cat_id.extend([cats.setdefault(LEGACY_CATS.get(e.cat, e.cat), len(cats)) for e in x])
@@ -217,9 +209,6 @@ class _Columns:
         self.seq.extend([e.args.seq if e.args is not None else -1 for e in x])
         self.corr.extend([e.args.correlation if e.args is not None else -1 for e in x])
         mem = [e for e in events if e.ph == "i" and e.name == "[memory]" and e.args is not None]
-        valid = [e for e in mem if math.isfinite(e.ts)]
-        self._drop("a [memory] event whose time is missing or not a number", len(mem) - len(valid))
-        mem = valid
         if mem:
             self.mem_ts.extend([e.ts for e in mem])
             self.mem_thread.extend([threads.setdefault((e.pid, e.tid), len(threads)) for e in mem])
@@ -369,20 +358,27 @@ def load_trace(path: Path | str) -> Trace:
         reason = str(exc) if "Chrome/Kineto" in str(exc) else f"not valid JSON, possibly truncated ({exc})"
         raise TraceError(path, reason) from None
     dropped = dict(columns.dropped)
-    ts = np.frombuffer(columns.ts)
-    # Inside the trace's span: within a day of the median start (a damaged timestamp lies years away).
-    inside = np.abs(ts - np.median(ts)) <= MAX_SPAN_US if len(ts) else np.ones(0, dtype=bool)
-    if not inside.all():
-        dropped["a start more than a day from the trace's median"] = int((~inside).sum())
+    ts, dur = np.frombuffer(columns.ts), np.frombuffer(columns.dur)
+    with np.errstate(invalid="ignore"):
+        timed = np.isfinite(ts) & np.isfinite(dur) & (dur >= 0) & (dur <= MAX_SPAN_US)
+        if not timed.all():
+            dropped["a start or duration that is missing, not a number, negative or longer than a day"] = \
+                int((~timed).sum())
+        # Inside the trace's span: within a day of the median start (a damaged timestamp lies years away).
+        inside = timed & (np.abs(ts - np.median(ts[timed])) <= MAX_SPAN_US) if timed.any() else timed
+    if (timed & ~inside).any():
+        dropped["a start more than a day from the trace's median"] = int((timed & ~inside).sum())
     if not inside.any():
         detail = f" ({_dropped_text(dropped)})" if dropped else ""
         raise TraceError(path, f"the trace has no complete ('X') events with valid times{detail}")
     memory = None
     if len(columns.mem_ts):
         mem_ts = np.frombuffer(columns.mem_ts)
-        near = np.abs(mem_ts - np.median(ts[inside])) <= MAX_SPAN_US
+        with np.errstate(invalid="ignore"):
+            near = np.isfinite(mem_ts) & (np.abs(mem_ts - np.median(ts[inside])) <= MAX_SPAN_US)
         if not near.all():
-            dropped["a [memory] event more than a day from the trace's median"] = int((~near).sum())
+            dropped["a [memory] event whose time is missing or more than a day from the trace's median"] = \
+                int((~near).sum())
         memory = MemoryEvents(mem_ts[near], *(np.frombuffer(columns.mem[k], dtype=np.int64)[near] for k in
                                               ("bytes", "total_allocated", "total_reserved", "device_type",
                                                "device_id", "addr")),
@@ -392,8 +388,7 @@ def load_trace(path: Path | str) -> Trace:
     trace = Trace(path, metadata if isinstance(metadata, dict) else {}, list(columns.names),
                   np.frombuffer(columns.name_id, dtype=np.int32)[keep], list(columns.cats),
                   np.frombuffer(columns.cat_id, dtype=np.int16)[keep], threads,
-                  np.frombuffer(columns.thread_id, dtype=np.int32)[keep], ts[keep],
-                  np.frombuffer(columns.dur)[keep], np.frombuffer(columns.seq, dtype=np.int64)[keep],
+                  np.frombuffer(columns.thread_id, dtype=np.int32)[keep], ts[keep], dur[keep], np.frombuffer(columns.seq, dtype=np.int64)[keep],
                   np.frombuffer(columns.corr, dtype=np.int64)[keep], memory)
     if dropped:
         trace.warnings.append(f"{sum(dropped.values())} events dropped, never analysed: {_dropped_text(dropped)}")

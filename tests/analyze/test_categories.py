@@ -55,7 +55,6 @@ MUST = [
     ("aten::cudnn_convolution", "convolution"),
     # optimizer
     ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<4>, at::native::(anonymous namespace)::FusedAdamMathFunctor<float, 4, (at::native::ADAM_MODE)1, false>>", "optimizer"),
-    ("aten::_foreach_add_", "optimizer"),
     ("void multi_tensor_apply_kernel<TensorListMetadata<5>, LAMBStage1Functor<float>>", "optimizer"),
     # memcpy_memset
     ("Memcpy HtoD (Pageable -> Device)", "memcpy_memset"),
@@ -63,6 +62,7 @@ MUST = [
     ("aten::copy_", "memcpy_memset"),
     # elementwise
     ("aten::silu", "elementwise"),
+    ("aten::_foreach_add_", "elementwise"),  # how it is done, not what for: the optimizer is found by context
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>>(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", "elementwise"),
     ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()>, unsigned int, float, 4>>", "elementwise"),
     ("void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, unsigned int>::Policy900, false, long, int, int>", "elementwise"),
@@ -81,6 +81,8 @@ MUST_NOT = [
     ("aten::dispatch_stub", "communication"),  # 'dispatch' alone is not DeepEP's dispatch
     ("void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float, float, unsigned int, 1, 4, bool>", "attention"),
     ("aten::linear", "elementwise"),
+    ("aten::_foreach_mul_", "optimizer"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<3>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 3, 2, 0>, std::plus<float>, float>", "optimizer"),
     ("void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float>>>(at::TensorIteratorBase&, at::native::BinaryFunctor<c10::BFloat16, c10::BFloat16, c10::BFloat16, at::native::binary_internal::MulFunctor<float>> const&)::{lambda(int)#1}>", "optimizer"),
 ]
 
