@@ -20,6 +20,7 @@ TRACES = ["a100_alexnet_single.json.gz", "v100_resnet50_kineto2021_memory.json.g
 SNAPSHOT = DATA / "cuda-snapshots" / "cs336_small_segment_alloc.pickle"
 CATCH_ALL = "could not be analysed"
 MUTATIONS = 6
+EVENTS = 4000
 
 
 def truncations(data: bytes, rng: random.Random) -> list[bytes]:
@@ -74,9 +75,11 @@ def check_trace(path, expected: str | None = "any") -> None:
 @pytest.mark.parametrize("trace", TRACES)
 def test_damaged_traces_get_a_reason_of_their_own(tmp_path, trace):
     rng = random.Random(trace)
-    packed = (GPU_TRACES / trace).read_bytes()
-    plain = gzip.decompress(packed)
-    doc = json.loads(plain)
+    doc = json.loads(gzip.decompress((GPU_TRACES / trace).read_bytes()))
+    # The first events are enough to carry the schema, the steps and the kernels; a whole trace per case is not.
+    doc["traceEvents"] = doc["traceEvents"][:EVENTS]
+    plain = json.dumps(doc).encode()
+    packed = gzip.compress(plain)
     cases = ([("json.gz", d, "any") for d in truncations(packed, rng) + flips(packed, rng)]
              + [("json", d, "any") for d in truncations(plain, rng) + flips(plain, rng)]
              + [("json", json.dumps(d).encode(), expected) for d, expected in structural(doc)])
