@@ -180,7 +180,8 @@ _FIELD_TYPES = {"ph": str, "cat": str, "name": str, "pid": (int, str), "tid": (i
 
 
 class _Columns:
-    """Accumulates decoded events as codes and numbers; events whose times are not valid are counted, not kept."""
+    """Accumulates decoded events as codes and numbers; damaged events are counted in ``dropped``, never kept
+    (times are checked on the columns, in ``load_trace``)."""
 
     def __init__(self) -> None:
         self.dropped: dict[str, int] = {}
