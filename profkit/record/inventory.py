@@ -15,9 +15,6 @@ import torch
 
 from profkit.model.storage import storage_id
 
-OWNERS = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "buffers", "gradients",
-          "optimizer_state", "framework")
-
 
 def _quant_state_tensors(qs: Any) -> Iterator[tuple[str, torch.Tensor]]:
     """Tensors of a bitsandbytes QuantState, including the nested (double-quantization) state."""
@@ -137,10 +134,3 @@ def _walk_framework(tally: _Tally, obj: Any, path: str, depth: int, owned: froze
             if k in ("optimizer", "module", "param_names", "_global_grad_norm"):
                 continue
             _walk_framework(tally, v, k if depth == 0 else f"{path}.{k}", depth + 1, owned)
-
-
-def totals_by_owner(inventory: dict) -> dict[str, int]:
-    out = {owner: 0 for owner in OWNERS}
-    for row in inventory["rows"]:
-        out[row["owner"]] += row["bytes"]
-    return out

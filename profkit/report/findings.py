@@ -266,7 +266,7 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
 def rank_sentences(bd: Breakdown) -> list[str]:
     """Per group: the rank the others wait for (or lockstep), the step-start skew, what each rank holds."""
     out = []
-    summary, verdicts = ranks.rank_summary(bd), ranks.verdict(bd)
+    summary, verdicts, memory = ranks.rank_summary(bd), ranks.verdict(bd), ranks.rank_memory(bd)
     for group, runs in ranks.groups(bd).items():
         s = summary[summary.group == group].set_index("run")
         v = verdicts[verdicts.group == group].iloc[0]
@@ -283,8 +283,7 @@ def rank_sentences(bd: Breakdown) -> list[str]:
                        f"{human_seconds(s.step_s.min())} to {human_seconds(s.step_s.max())}.")
         out.append(f"{group}: the first profiled step started {s.start_skew_ms.max():.2f} ms apart between the "
                    "earliest and the latest rank.")
-        mem = ranks.rank_memory(bd)
-        mem = mem[(mem.group == group) & mem.parameters_fraction.notna()]
+        mem = memory[(memory.group == group) & memory.parameters_fraction.notna()]
         if len(mem):
             n = len(runs)
             low, high = mem.parameters_fraction.min(), mem.parameters_fraction.max()
