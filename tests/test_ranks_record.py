@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -25,10 +26,31 @@ NPROC = ["--nproc", "2"]
 ZERO_METHODS_ON_TINY = ["lora_zero2", "lora_zero3", "qlora_zero2", "qlora_zero3"]
 
 
+# A planted straggler: every forward pass of rank 1 starts late, as on a rank whose host or device is slower.
+# Planted from outside profkit (torchrun's workers import sitecustomize), so what is recorded is a real run.
+PLANTED_DELAY_S = 0.15
+SLOW_RANK_SITECUSTOMIZE = f"""
+import os
+if os.environ.get("RANK") == "1":
+    import time, torch
+    _forward = torch.nn.Embedding.forward
+    def _late_forward(self, *args, **kwargs):
+        time.sleep({PLANTED_DELAY_S})
+        return _forward(self, *args, **kwargs)
+    torch.nn.Embedding.forward = _late_forward
+"""
+
+
 @pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("ranks") / "traces"
-    result = run_cli("record", "lora_zero3", "qlora_zero2", *NPROC, *FAST, "-o", str(out))
+    """Two methods on two ranks, rank 1 planted slow."""
+    root = tmp_path_factory.mktemp("ranks")
+    (root / "site").mkdir()
+    (root / "site" / "sitecustomize.py").write_text(SLOW_RANK_SITECUSTOMIZE)
+    out = root / "traces"
+    result = run_cli("record", "lora_zero3", "qlora_zero2", *NPROC, *FAST, "-o", str(out),
+                     env={"PYTHONPATH": os.pathsep.join(filter(None, [str(root / "site"),
+                                                                     os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 0, recorded(result, out)
     return out
 
@@ -105,6 +127,21 @@ def test_the_breakdown_shows_each_rank_and_the_view_across_them(two_ranks_bd):
     text = " ".join(findings.rank_sentences(bd))
     assert "lora_zero3-nproc2 (2 of 2 ranks): each rank holds" in text and "ZeRO-3 splits" in text
     assert "ZeRO-2 partitions gradients and optimizer state only" in text
+
+
+def test_the_verdict_names_the_planted_slow_rank_the_other_waits_for(two_ranks_bd):
+    """Rank 1 starts each forward pass late: rank 0 waits for it in every collective. The verdict names rank 1,
+    which waits least, and rank 0's extra waiting is about the planted delay (one forward per profiled step)."""
+    verdicts = ranks.verdict(two_ranks_bd).set_index("group")
+    summary = ranks.rank_summary(two_ranks_bd).set_index("run")
+    for method in ("lora_zero3", "qlora_zero2"):
+        v = verdicts.loc[f"{method}-nproc2 (2 of 2 ranks)"]
+        assert (v.verdict, v["rank"]) == ("straggler", 1), v
+        waited = summary.loc[f"{method}-nproc2/rank0", "communication_s"] \
+            - summary.loc[f"{method}-nproc2/rank1", "communication_s"]
+        assert 0.5 * PLANTED_DELAY_S < waited < 2 * PLANTED_DELAY_S + v.noise_s, (method, waited)
+    text = " ".join(findings.rank_sentences(two_ranks_bd))
+    assert "wait for rank 1" in text, text
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:

@@ -40,7 +40,7 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "device", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s", "gpu_step_time_s",
                "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
                "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s",
-               "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
+               "other_threads_op_s", "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
                "repetition_of", "repetition", "ttft_median_s", "tpot_median_s", "tpot_p90_s", "kv_cache_bytes",
                "kv_cache_tokens"]
 
@@ -352,7 +352,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         row.update(profiled_step_time_s=t.step_time_s, gpu_step_time_s=t.gpu_window_s, profiled_steps=t.n_steps,
                    coverage_cpu=t.coverage("cpu"), coverage_gpu=t.coverage("gpu") if t.gpu_window_s else None,
                    communication_exposed_s=t.communication_exposed_s,
-                   communication_overlapped_s=t.communication_overlapped_s)
+                   communication_overlapped_s=t.communication_overlapped_s, other_threads_op_s=t.other_threads_s)
         info = trace.metadata.get("distributedInfo") if isinstance(trace.metadata.get("distributedInfo"), dict) else {}
         if record is not None and record.rank is not None:
             info = {**info, "rank": record.rank, "world_size": record.world_size}

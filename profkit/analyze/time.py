@@ -64,6 +64,8 @@ class TimeResult:
     communication_overlapped_s: float = 0.0
     # Host time of each category in each profiled step (category, step, seconds): the step-to-step spread.
     per_step: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Per step: op self time on threads other than the profiled one (concurrent, so not in the host breakdown).
+    other_threads_s: float = 0.0
 
     def coverage(self, resource: str = "cpu") -> float:
         mine = (self.rows.resource == resource).to_numpy()
@@ -252,7 +254,7 @@ def analyze_time(trace: Trace) -> TimeResult:
     per_step = per_step.assign(seconds=per_step.pop("us") / 1e6)
     return TimeResult(summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), step_s,
                       gpu_window_s, n_steps, notes, ops, windows, float(exposed_us) / n_steps / 1e6,
-                      float(overlapped_us) / n_steps / 1e6, per_step)
+                      float(overlapped_us) / n_steps / 1e6, per_step, busy)
 
 
 NOT_WORK = ("communication", "host_overhead", "other", "data")

@@ -37,3 +37,10 @@ def time_per_step(bd: Breakdown, resource: str | None = None) -> pd.DataFrame:
         return pd.DataFrame(columns=list(TIME_CATEGORIES))
     out = pd.concat(frames, axis=1).T.reindex(columns=list(TIME_CATEGORIES))
     return out.loc[:, out.notna().any()]
+
+
+def time_shares(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
+    """Each category's share of the profiled step, and the step the shares are of: the sum of the categories
+    (on the GPU, kernels and idle fill its window; on the host, the self times fill the step)."""
+    total = frame.sum(axis=1)
+    return frame.div(total.where(total > 0), axis=0), total

@@ -182,17 +182,17 @@ def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[s
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
             t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH + 4, len(run)))
-        total = {run: frame.loc[run].sum() for run in chunk}
+        share, total = views.time_shares(frame.loc[chunk])
         for cat in frame.columns:
-            t.add_row(cat, *[_share(frame.loc[run, cat], total[run]) for run in chunk])
-        t.add_row("[bold]profiled step[/]", *[_share(total[run], total[run]) for run in chunk])
+            t.add_row(cat, *[_share(frame.loc[run, cat], share.loc[run, cat]) for run in chunk])
+        t.add_row("[bold]profiled step[/]", *[_share(total[run], 1.0 if total[run] else None) for run in chunk])
         out.print(t)
 
 
-def _share(seconds, total) -> str:
+def _share(seconds, share) -> str:
     if pd.isna(seconds):
         return "-"
-    return f"{seconds / total:4.0%} {human_seconds(seconds):>9}" if total else human_seconds(seconds)
+    return human_seconds(seconds) if share is None or pd.isna(share) else f"{share:4.0%} {human_seconds(seconds):>9}"
 
 
 def _print_ranks(out: Console, bd: Breakdown) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import math
 
+import pandas as pd
+
 from profkit.analyze import Breakdown, ranks
-from profkit.analyze.views import memory_at, primary_resource, time_per_step
+from profkit.analyze.views import memory_at, primary_resource, time_per_step, time_shares
 from profkit.core.units import mib, ms
 from profkit.report import findings, tables
 from profkit.report.tables import comparison, predicted_cells
@@ -44,6 +46,7 @@ def to_records(bd: Breakdown) -> list[dict]:
     """The JSON form: one object per run with ``memory`` (bytes) and ``time`` (seconds per step) maps, and in
     ``figures`` every per-run figure the analysis has (the terminal's tables are made from these)."""
     mem, out, rank_groups = memory_at(bd), [], _rank_groups(bd)
+    shares = {resource: time_shares(time_per_step(bd, resource)) for resource in (None, "cpu")}
     for _, r in bd.runs.iterrows():
         run = r["run"]
         rec = {"run": run, "method": r.get("method"), "status": r.get("status"), "reason": _clean(r.get("reason")),
@@ -68,13 +71,18 @@ def to_records(bd: Breakdown) -> list[dict]:
             rec["time_resource"] = res
             rec["time"] = t[t.resource == res].groupby("category").seconds.sum().to_dict()
             rec["time"]["step_time"] = _clean(r.get("gpu_step_time_s") if res == "gpu" else r.get("profiled_step_time_s"))
+            rec.update(_shares("time", *shares[None], run))
             rec["time_by_phase"] = {phase: g.groupby("category").seconds.sum().to_dict()
                                     for phase, g in t[t.resource == res].groupby("phase")}
             if res == "gpu":
                 rec["time_cpu"] = t[t.resource == "cpu"].groupby("category").seconds.sum().to_dict()
                 rec["time_cpu"]["step_time"] = _clean(r.get("profiled_step_time_s"))
-                hidden = t[t.resource == "gpu"].groupby("category").overlapped_seconds.sum()
-                rec["time_overlapped"] = {c: v for c, v in hidden.items() if v > 0}
+                rec.update(_shares("time_cpu", *shares["cpu"], run))
+                kernels = t[t.resource == "gpu"].groupby("category")[["seconds", "overlapped_seconds"]].sum()
+                rec["time_overlapped"] = {c: v for c, v in kernels.overlapped_seconds.items() if v > 0}
+                # Exposed and hidden together: each category's whole kernel time.
+                rec["time_including_overlapped"] = {c: float(v.seconds + v.overlapped_seconds)
+                                                    for c, v in kernels.iterrows() if v.overlapped_seconds > 0}
                 idle = bd.time_by_name[(bd.time_by_name.run == run) & (bd.time_by_name.category == "idle")]
                 rec["gpu_idle_by_reason"] = {n.removeprefix("idle: "): v for n, v in zip(idle.name, idle.seconds)}
         peaks = bd.trace_memory_peaks[bd.trace_memory_peaks.run == run] if len(bd.trace_memory_peaks) else []
@@ -86,6 +94,14 @@ def to_records(bd: Breakdown) -> list[dict]:
                                  for p in bd.trace_memory[bd.trace_memory.run == run].to_dict("records")]}
         out.append(rec)
     return out
+
+
+def _shares(key: str, share, total, run: str) -> dict:
+    """The terminal's shares of the profiled step, and the sum of the categories they are shares of."""
+    if run not in share.index:
+        return {}
+    return {f"{key}_share": {c: float(v) for c, v in share.loc[run].items() if pd.notna(v)},
+            f"{key}_categories_total_s": float(total[run])}
 
 
 def to_json(bd: Breakdown) -> str:
