@@ -3,8 +3,10 @@
 Host side (every trace): the self time of each op -- its duration minus that of the ops nested in it
 on the same thread -- so nested ops are never counted twice, and the self times of the profiled thread
 add up to the step's wall time. Context comes from the enclosing annotations: profkit's phase labels
-(forward, backward, optimizer, data, generate), its recompute and norm labels, and autograd sequence
-numbers, which carry a forward op's label to the backward nodes it created.
+(forward, backward, optimizer, data, generate) and recompute label, PyTorch's optimizer annotations, the
+modules in the stack and the labels that say what a layer is (``categories.context_of``), and autograd
+sequence numbers, which carry a forward op's layer to the backward nodes it created. A runtime call outside
+any op is the host launching (host_overhead) or, a synchronisation, the host waiting for the GPU (idle).
 
 GPU side (traces with kernels): exposed kernel, memcpy and memset time. Where several run at once on
 different streams, the time goes to the highest-priority class running -- compute before communication
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from profkit.analyze.categories import by_name, categorize
+from profkit.analyze.categories import MODULE_FRAME, by_name, categorize, context_of
 from profkit.analyze.trace import GPU_CATS, HOST_CATS, Trace
 from profkit.core import labels
 
@@ -120,11 +122,15 @@ def analyze_time(trace: Trace) -> TimeResult:
     legacy_backward = [bool(LEGACY_BACKWARD_NODE.match(nm)) for nm in names]
     backward_node = [nm.startswith(BACKWARD_NODE) for nm in names]
     is_recompute = [nm == labels.RECOMPUTE for nm in names]
-    is_norm = [nm == labels.NORM for nm in names]
     operator = [bool(_OPERATOR.match(nm)) for nm in names]
+    waits = [bool(HOST_WAIT.search(nm)) for nm in names]
     code = {c: i for i, c in enumerate(trace.cats)}
     runtime_codes = {code.get("cuda_runtime"), code.get("cuda_driver")} - {None}
     python_code = code.get("python_function")
+    annotation_code = code.get("user_annotation")
+    # The layer context a name opens: a module frame in a stack or an annotation (never an op or a plain frame).
+    layer_context = [context_of(nm) if nm.startswith(MODULE_FRAME) or nm == labels.NORM else None for nm in names]
+    annotation_context = [context_of(nm) for nm in names] if annotation_code is not None else layer_context
 
     # Plain lists over the host events only, in walk order (position j is host[j]): the walk touches every
     # host event, and list indexing is far cheaper than numpy's.
@@ -138,9 +144,9 @@ def analyze_time(trace: Trace) -> TimeResult:
     context_cat: list = [None] * m  # category an op's launches (and nested frames) inherit
     self_cat: list = [None] * m  # category of an op's own self time (context_cat unless a frame)
     recompute = [False] * m
-    norm = [False] * m
+    context: list = [None] * m  # the layer the event runs in (categories.context_of)
     parents = [-1] * m
-    norm_seqs: set[int] = set()
+    seq_context: dict[int, str] = {}  # autograd sequence number -> the layer of the forward op that has it
     stacks: dict[int, list[int]] = defaultdict(list)
     cache: dict[tuple, str] = {}
 
@@ -158,36 +164,45 @@ def analyze_time(trace: Trace) -> TimeResult:
                 self_time[parent] -= overlap
             parent_phase = phase[parent]
             rec = recompute[parent] or is_recompute[k]
-            nrm = norm[parent] or is_norm[k]
+            ctx = context[parent]
         else:
-            parent_phase, rec, nrm = "unattributed", is_recompute[k], is_norm[k]
-        ph = sets_phase[k] or ("backward" if legacy_backward[k] and parent_phase == "unattributed" else parent_phase)
-        if backward_node[k] or nrm:
-            sq = int(seq[host[i]])
-            if backward_node[k] and sq in norm_seqs:
-                nrm = True
-            elif nrm and sq >= 0:
-                norm_seqs.add(sq)
-        phase[i], recompute[i], norm[i] = ph, rec, nrm
+            parent_phase, rec, ctx = "unattributed", is_recompute[k], None
         c = cid[i]
+        opened = annotation_context[k] if c == annotation_code else layer_context[k]
+        if opened is not None:
+            ctx = opened
+        ph = sets_phase[k] or ("backward" if legacy_backward[k] and parent_phase == "unattributed" else parent_phase)
+        if backward_node[k] or ctx is not None:
+            sq = int(seq[host[i]])
+            if backward_node[k]:
+                ctx = seq_context.get(sq, ctx)
+            elif sq >= 0:
+                seq_context[sq] = ctx
+        phase[i], recompute[i], context[i] = ph, rec, ctx
         if c in runtime_codes:
-            context_cat[i] = self_cat[i] = context_cat[parent] if parent >= 0 else "other"
+            inherited = context_cat[parent] if parent >= 0 else None
+            if inherited in (None, "other", "host_overhead"):
+                # Outside any op: the host launching work (a Triton kernel, a graph) or waiting for the GPU.
+                context_cat[i], self_cat[i] = "host_overhead", "idle" if waits[k] else "host_overhead"
+            else:
+                context_cat[i] = self_cat[i] = inherited
         elif c == python_code:
             # A frame's own time is Python (or its phase's context); its children keep the context it runs in.
-            own = categorize("", ph, rec, nrm)
+            own = categorize("", ph, rec, "norm" if ctx == "norm" else None)
             self_cat[i] = "host_overhead" if own == "other" else own
             context_cat[i] = context_cat[parent] if parent >= 0 else "other"
         else:
-            key = (k, ph, rec, nrm)
+            is_op = operator[k] and c != annotation_code  # an annotation is never an op, whatever its name
+            key = (k, ph, rec, ctx if is_op or ctx == "norm" else None, is_op)
             cat = cache.get(key)
             if cat is None:
-                cat = categorize(names[k], ph, rec, nrm)
-                if cat == "other" and not operator[k]:
+                cat = categorize(names[k], ph, rec, key[3])
+                if cat == "other" and not is_op:
                     cat = "host_overhead"  # annotations and autograd wrappers: time between operators
                 cache[key] = cat
             context_cat[i] = self_cat[i] = cat
         stack.append(i)
-    del ts, end_, nid, cid, thread, recompute, norm, stacks
+    del ts, end_, nid, cid, thread, recompute, context, stacks
 
     # Back to whole-trace indexing for what the GPU side needs (a kernel's launch is a host event).
     local = np.full(len(trace.ts), -1, dtype=np.int64)
@@ -347,6 +362,8 @@ def _gpu_rows(trace: Trace, host: np.ndarray, local: np.ndarray, context_cat: li
     return part, window / n_steps / 1e6
 
 
+# A host thread blocked until the device is done, outside any op: the host's idle time.
+HOST_WAIT = re.compile(r"^(cuda|hip)(Device|Stream|Event)Synchronize$")
 # Host calls that block until the device is done: the GPU goes idle when they return, until the next launch.
 SYNC = re.compile(r"^(cuda|hip)(Device|Stream|Event)Synchronize|^(cuda|hip)Memcpy(2D)?$|^(cuda|hip)StreamWaitEvent")
 IDLE_REASONS = ("waiting for the host to launch", "waiting on a synchronisation", "outside a profiled step",

@@ -44,3 +44,25 @@ def time_shares(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
     (on the GPU, kernels and idle fill its window; on the host, the self times fill the step)."""
     total = frame.sum(axis=1)
     return frame.div(total.where(total > 0), axis=0), total
+
+
+EXPLAIN_COLUMNS = ["run", "resource", "name", "seconds", "share_of_step", "share_of_category"]
+
+
+def explain(bd: Breakdown, category: str) -> pd.DataFrame:
+    """The op and kernel names that make up a time category, per run and resource, largest first: each name's
+    time per step, its share of the profiled step on that resource and of the category. ``--explain other``
+    says, trace by trace, what no rule or context could name."""
+    names = bd.time_by_name
+    if names.empty:
+        return pd.DataFrame(columns=EXPLAIN_COLUMNS)
+    step = names.groupby(["run", "resource"]).seconds.sum()
+    mine = names[names.category == category]
+    in_category = mine.groupby(["run", "resource"]).seconds.transform("sum")
+    keys = pd.MultiIndex.from_frame(mine[["run", "resource"]])
+    out = mine.assign(share_of_step=mine.seconds.to_numpy() / step.reindex(keys).to_numpy(),
+                      share_of_category=mine.seconds / in_category.where(in_category > 0))
+    order = {run: k for k, run in enumerate(bd.runs.run)}
+    out = out.sort_values(["run", "resource", "seconds"], key=lambda c: c.map(order) if c.name == "run" else c,
+                          ascending=[True, True, False])
+    return out[EXPLAIN_COLUMNS].reset_index(drop=True)

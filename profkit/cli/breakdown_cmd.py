@@ -29,28 +29,31 @@ def breakdown(
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     baseline: Optional[str] = typer.Option(None, help="Run to compare against (default: full if present, else the first)."),
     phase: str = typer.Option("peak", help="Memory at the peak of: peak (the run), forward, backward, optimizer."),
-    explain: Optional[str] = typer.Option(None, help="List the top op/kernel names in a time category (e.g. other)."),
+    explain: Optional[str] = typer.Option(None, help="List the op and kernel names in a time category, trace by trace "
+                                                       "(e.g. other: what no rule or context named)."),
     jobs: Optional[int] = typer.Option(None, min=1, help="Worker processes for many inputs (default: by CPU count "
                                                          "and available memory)."),
 ) -> None:
     """Decompose memory by owner and time by operator category, side by side across runs."""
     if explain is not None and explain not in TIME_CATEGORIES:
         fail_usage(f"unknown time category {explain!r}; valid: {', '.join(TIME_CATEGORIES)}")
+    if explain is not None and fmt is Format.csv:
+        fail_usage("--explain adds a second table, which CSV cannot hold: use --format json or markdown")
     bd = analyse(paths, jobs)
     if baseline is not None and baseline not in set(bd.runs.get("run", [])):
         fail_usage(f"--baseline {baseline!r} is not among the runs: {', '.join(bd.runs.get('run', []))}")
     out = Console()
     err = Console(stderr=True)
     if fmt is Format.json:
-        typer.echo(formats.to_json(bd))
+        typer.echo(formats.to_json(bd, explain))
     elif fmt is Format.csv:
         typer.echo(formats.to_csv(bd), nl=False)
     elif fmt is Format.markdown:
-        typer.echo(formats.to_markdown(bd, baseline))
+        typer.echo(formats.to_markdown(bd, baseline, explain))
     else:
         _print_tables(out, bd, baseline, phase)
-    if explain:
-        _print_explain(out, bd, explain)
+        if explain:
+            _print_explain(out, bd, explain)
     for problem in bd.problems:
         err.print(f"[{'red' if problem.fatal else 'yellow'}]{'error' if problem.fatal else 'warning'}:[/] {escape(str(problem))}",
                   highlight=False)
@@ -252,14 +255,24 @@ def _print_trace_memory(out: Console, bd: Breakdown) -> None:
         out.print(t)
 
 
-def _print_explain(out: Console, bd: Breakdown, category: str) -> None:
-    if bd.time_by_name.empty:
+def _print_explain(out: Console, bd: Breakdown, category: str, top: int = 12) -> None:
+    """Trace by trace: the names in the category, largest first, with their share of the step."""
+    names = views.explain(bd, category)
+    if names.empty:
+        out.print(f"No time in '{category}' in any run.")
         return
-    names = bd.time_by_name[bd.time_by_name.category == category]
-    t = Table(title=f"Top names in '{category}'")
-    for col in ("run", "resource", "name", "time/step"):
-        t.add_column(col)
-    for run, g in names.groupby("run", sort=False):
-        for _, r in g.head(10).iterrows():
-            t.add_row(run, r.resource, r["name"][:100], human_seconds(r.seconds))
-    out.print(t)
+    for (run, resource), g in names.groupby(["run", "resource"], sort=False):
+        total = g.seconds.sum()
+        t = Table(title=f"{run}: '{category}' on the {resource.upper() if resource == 'gpu' else 'host'}, "
+                        f"{human_seconds(total)} per step ({g.share_of_step.sum():.1%} of the step)",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), expand=True)
+        t.add_column("name (whole in --format json)", overflow="ellipsis", no_wrap=True, ratio=1)
+        t.add_column("time/step", justify="right", no_wrap=True)
+        t.add_column("step", justify="right", no_wrap=True)
+        for _, r in g.head(top).iterrows():
+            t.add_row(escape(r["name"][:200]), human_seconds(r.seconds), f"{r.share_of_step:.1%}")
+        if len(g) > top:
+            rest = g.iloc[top:]
+            t.add_row(f"[dim]{len(rest)} more names[/]", human_seconds(rest.seconds.sum()),
+                      f"{rest.share_of_step.sum():.1%}")
+        out.print(t)

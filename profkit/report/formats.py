@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from profkit.analyze import Breakdown, ranks
-from profkit.analyze.views import memory_at, primary_resource, time_per_step, time_shares
+from profkit.analyze.views import explain, memory_at, primary_resource, time_per_step, time_shares
 from profkit.core.units import mib, ms
 from profkit.report import findings, tables
 from profkit.report.tables import comparison, predicted_cells
@@ -42,10 +42,12 @@ def _rank_groups(bd: Breakdown) -> dict[str, dict]:
     return out
 
 
-def to_records(bd: Breakdown) -> list[dict]:
+def to_records(bd: Breakdown, explained: str | None = None) -> list[dict]:
     """The JSON form: one object per run with ``memory`` (bytes) and ``time`` (seconds per step) maps, and in
-    ``figures`` every per-run figure the analysis has (the terminal's tables are made from these)."""
+    ``figures`` every per-run figure the analysis has (the terminal's tables are made from these). With
+    ``explained``, each run also lists the names in that time category (``explain``)."""
     mem, out, rank_groups = memory_at(bd), [], _rank_groups(bd)
+    names = explain(bd, explained) if explained else None
     shares = {resource: time_shares(time_per_step(bd, resource)) for resource in (None, "cpu")}
     for _, r in bd.runs.iterrows():
         run = r["run"]
@@ -92,6 +94,10 @@ def to_records(bd: Breakdown) -> list[dict]:
                           for p in peaks.to_dict("records")],
                 "live_at_peak": [{k: _clean(v) for k, v in p.items() if k not in ("run", "method")}
                                  for p in bd.trace_memory[bd.trace_memory.run == run].to_dict("records")]}
+        if names is not None:
+            mine = names[names.run == run].drop(columns="run")
+            rec["explain"] = {"category": explained, "names": [{k: _clean(v) for k, v in r.items()}
+                                                              for r in mine.to_dict("records")]}
         out.append(rec)
     return out
 
@@ -104,15 +110,15 @@ def _shares(key: str, share, total, run: str) -> dict:
             f"{key}_categories_total_s": float(total[run])}
 
 
-def to_json(bd: Breakdown) -> str:
-    return json.dumps(to_records(bd), indent=2, default=_clean)
+def to_json(bd: Breakdown, explained: str | None = None) -> str:
+    return json.dumps(to_records(bd, explained), indent=2, default=_clean)
 
 
 def to_csv(bd: Breakdown) -> str:
     return comparison(bd).to_csv(index=False)
 
 
-def to_markdown(bd: Breakdown, baseline: str | None = None) -> str:
+def to_markdown(bd: Breakdown, baseline: str | None = None, explained: str | None = None) -> str:
     parts = []
     runs = bd.runs.copy()
     if not runs.empty:
@@ -133,4 +139,10 @@ def to_markdown(bd: Breakdown, baseline: str | None = None) -> str:
         lines = [f"- {s}" for s in findings.delta_sentences(bd, baseline)]
         if lines:
             parts.append(f"## Against {baseline}\n\n" + "\n".join(lines))
+    if explained:
+        names = explain(bd, explained)
+        if not names.empty:
+            names = names.assign(time_per_step_ms=names.seconds.map(ms), share_of_step=names.share_of_step.map(
+                lambda v: f"{v:.1%}")).drop(columns=["seconds", "share_of_category"])
+            parts.append(f"## Names in {explained}\n\n" + names.to_markdown(index=False))
     return "\n\n".join(parts) + "\n"

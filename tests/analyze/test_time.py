@@ -60,9 +60,9 @@ def test_rules_table():
     assert by_name("aten::copy_") == "memcpy_memset"
     assert by_name("aten::silu") == "elementwise"
     # Context beats names, except for communication.
-    assert categorize("aten::mul", "optimizer", False, False) == "optimizer"
-    assert categorize("aten::mm", "backward", True, False) == "recompute"
-    assert categorize("c10d::allreduce_", "optimizer", False, False) == "communication"
+    assert categorize("aten::mul", "optimizer", False, None) == "optimizer"
+    assert categorize("aten::mm", "backward", True, None) == "recompute"
+    assert categorize("c10d::allreduce_", "optimizer", False, None) == "communication"
 
 
 def test_overlapping_kernels_of_one_class_split_evenly():

@@ -79,3 +79,21 @@ def test_every_number_the_terminal_prints_is_in_the_json(request, kind):
 def test_a_figure_missing_from_the_json_is_found_missing():
     assert [shown for shown, *_ in printed_figures("step 12.34 ms, peak 1.5 GiB, 80%, qwen1.5-0.5b rank 3")] \
         == ["12.34 ms", "1.5 GiB", "80%", "3"]
+
+
+def test_explain_lists_each_traces_names_in_the_terminal_and_the_json():
+    """``--explain`` per trace: a table for each run and resource, and in the JSON every name, whose times add up
+    to the category's time in that run."""
+    paths = [str(GPU_TRACES / "a100_alexnet_single.json.gz"), str(GPU_TRACES / "h100_qwen1.5-0.5b_hf_memory.json.gz")]
+    runner = CliRunner()
+    terminal = runner.invoke(app, ["breakdown", *paths, "--explain", "gemm"], env={"COLUMNS": "80"}).output
+    assert "a100_alexnet_single: 'gemm' on the GPU" in terminal and "h100_qwen1.5-0.5b_hf_memory: 'gemm' on the GPU" \
+        in terminal.replace("\n", " ")
+    assert max(len(line) for line in terminal.splitlines()) <= 80
+    for record in json.loads(runner.invoke(app, ["breakdown", *paths, "--explain", "gemm", "-f", "json"]).output):
+        names = record["explain"]["names"]
+        gpu = sum(n["seconds"] for n in names if n["resource"] == "gpu")
+        assert gpu == pytest.approx(record["time"]["gemm"]) and gpu > 0
+        assert sum(n["share_of_category"] for n in names if n["resource"] == "gpu") == pytest.approx(1.0)
+    refused = runner.invoke(app, ["breakdown", *paths, "--explain", "gemm", "-f", "csv"])
+    assert refused.exit_code == 2 and "CSV cannot hold" in refused.output
