@@ -11,7 +11,7 @@ where each came from, so anyone can fetch them again.
 group, and holds out half of the groups, drawn with a fixed seed. ``coverage`` writes each trace's CPU and GPU
 coverage (the share of the step's time not in ``other``) to ``reports/corpus/coverage-<label>.csv``; for the
 tuning part it also lists the largest names left in ``other``. Held-out traces are analysed only with
-``--held-out``, and then only their coverage is printed, never their names.
+``--held-out`` (and then only they are, and only their coverage is printed, never their names).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def coverage(dirs: list[Path], label: str, held_out: bool) -> None:
         if known is None:
             sys.exit(f"{r['file']} is not in {OUT / 'traces.csv'}: run split first")
         part = known["split"]
-        if part == "held-out" and not held_out:
+        if (part == "held-out") != held_out:
             continue
         bd = breakdown([r["where"]])
         row = {"file": r["file"], "split": part}
