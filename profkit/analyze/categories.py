@@ -147,6 +147,7 @@ _INSTANCE = re.compile(r"_\d+$")
 OVERRIDABLE = {None, "elementwise", "memcpy_memset", "attention", "embedding_loss"}
 
 
+@lru_cache(maxsize=65536)
 def context_of(name: str) -> str | None:
     """The context a module frame or annotation opens, or None for one that says nothing (a container)."""
     low = _INSTANCE.sub("", name.removeprefix(MODULE_FRAME)).lower()

@@ -130,7 +130,10 @@ def analyze_time(trace: Trace) -> TimeResult:
     annotation_code = code.get("user_annotation")
     # The layer context a name opens: a module frame in a stack or an annotation (never an op or a plain frame).
     layer_context = [context_of(nm) if nm.startswith(MODULE_FRAME) or nm == labels.NORM else None for nm in names]
-    annotation_context = [context_of(nm) for nm in names] if annotation_code is not None else layer_context
+    annotation_context = list(layer_context)
+    if annotation_code is not None:
+        for k in np.unique(trace.name_id[trace.cat_id == annotation_code]).tolist():
+            annotation_context[k] = context_of(names[k])
 
     # Plain lists over the host events only, in walk order (position j is host[j]): the walk touches every
     # host event, and list indexing is far cheaper than numpy's.
@@ -220,6 +223,11 @@ def analyze_time(trace: Trace) -> TimeResult:
         windows = [(float(trace.ts[on_main].min()), float((trace.ts[on_main] + trace.dur[on_main]).max()))]
         notes.append(f"{trace.path.name}: no ProfilerStep markers; the whole trace is analysed as one step")
     n_steps = len(windows)
+    ranges = int(trace.mask(COUNTER_RANGE).sum())
+    if ranges and not trace.has_gpu:
+        notes.append(f"{trace.path.name}: recorded in CUPTI counter mode: its {ranges:,} kernel ranges carry "
+                     "performance counters, not the kernels' timing (the range profiler replays each kernel), so "
+                     "the GPU side has no time breakdown; the host side is analysed")
     if _infer_forward(trace, host, phase, windows):
         notes.append(f"{trace.path.name}: no profkit labels; the forward phase is what runs in each step before "
                      "its first backward op")
@@ -272,6 +280,8 @@ def analyze_time(trace: Trace) -> TimeResult:
                       float(overlapped_us) / n_steps / 1e6, per_step, busy)
 
 
+# Kineto's category for the kernels of a CUPTI range-profiler (counter mode) trace.
+COUNTER_RANGE = "cuda_profiler_range"
 NOT_WORK = ("communication", "host_overhead", "other", "data")
 
 

@@ -143,3 +143,16 @@ def test_kernel_function_is_the_name_without_types_and_namespaces(name, expected
 ])
 def test_what_a_layer_says_it_is(frame, expected):
     assert context_of(frame) == expected
+
+
+def test_a_counter_mode_trace_says_its_gpu_side_has_no_timing(tmp_path):
+    """CUPTI range-profiler traces hold ``cuda_profiler_range`` events (counters of replayed kernels), no
+    ``kernel`` events: the host side is analysed and a note says why the GPU side is not."""
+    w = TraceWriter()
+    w.frame("ProfilerStep#0", lambda: w.op("aten::mm"), cat="user_annotation")
+    w.events.append({"ph": "X", "cat": "cuda_profiler_range", "name": "ampere_sgemm_64x64_nn", "pid": 0, "tid": 7,
+                     "ts": 2, "dur": 1, "args": {"smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 1024}})
+    (tmp_path / "counters.json").write_text(json.dumps({"traceEvents": w.events}))
+    t = analyze_time(load_trace(tmp_path / "counters.json"))
+    assert t.gpu_window_s is None and t.coverage("cpu") == 1.0
+    assert any("CUPTI counter mode: its 1 kernel ranges carry performance counters" in n for n in t.notes)
