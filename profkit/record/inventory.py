@@ -35,6 +35,8 @@ def _is_quantized(p: torch.Tensor) -> bool:
 class _Tally:
     def __init__(self) -> None:
         self.seen: set[tuple[str, int]] = set()
+        self.owner_of: dict[tuple[str, int], str] = {}  # storage -> the owner that counted it
+        self.tensors: list[torch.Tensor] = []  # one tensor per storage counted
         self.rows: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
 
     def add(self, owner: str, detail: str, t: torch.Tensor, numel: int | None = None) -> bool:
@@ -50,6 +52,8 @@ class _Tally:
         if storage.nbytes() == 0 or key in self.seen:
             return False
         self.seen.add(key)
+        self.owner_of[key] = owner
+        self.tensors.append(t)
         row[0] += storage.nbytes()
         return True
 
@@ -73,6 +77,18 @@ def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimize
     Parameter counts are logical element counts (a 4-bit weight counts its unpacked elements), so that
     they compare to the model's configuration; bytes are what storage really holds.
     """
+    tally, counts = _count(model, optimizer, inner_optimizer)
+    return {"rows": tally.as_rows(), **counts}
+
+
+def storage_owners(model: torch.nn.Module, optimizer: Any = None,
+                   inner_optimizer: Any = None) -> tuple[dict, list[torch.Tensor]]:
+    """Each storage the inventory counts (``model.storage.storage_id``) -> its owner, and a tensor of each."""
+    tally = _count(model, optimizer, inner_optimizer)[0]
+    return tally.owner_of, tally.tensors
+
+
+def _count(model: torch.nn.Module, optimizer: Any, inner_optimizer: Any) -> tuple[_Tally, dict]:
     tally = _Tally()
     counts = {"trainable_params": 0, "frozen_params": 0, "quantized_params": 0}
     for name, p in model.named_parameters():
@@ -104,7 +120,7 @@ def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimize
     if optimizer is not None and optimizer is not inner:
         # Skip what the model and the inner optimizer own (DeepSpeed also lists views of them).
         _walk_framework(tally, optimizer, type(optimizer).__name__, 0, frozenset(tally.seen))
-    return {"rows": tally.as_rows(), **counts}
+    return tally, counts
 
 
 def _framework_owner(path: str) -> str:

@@ -1,0 +1,137 @@
+"""Every storage's lifetime during a profiled step, followed at the dispatcher: memory by owner that needs no
+profiler export (``export_memory_timeline`` is deprecated upstream and fails now and then, pytorch#167838).
+
+A ``TorchDispatchMode`` sees each op's outputs: a storage that no input of the op views was allocated by it
+(``alloc``), one that an input views already existed (``existing``). A weak reference on the storage's Python
+object -- kept alive by torch exactly as long as its StorageImpl (PyObject preservation, torch >= 2.2) -- says
+when it is freed (``free``). ``UntypedStorage.resize_`` frees or grows bytes without freeing the StorageImpl
+(FSDP2 frees unsharded parameters so), so it is wrapped (``resize``). Autograd's pack hook marks what is saved
+for backward (``saved``); callers mark what they know (``mark``: gradients by their post-accumulate hooks).
+
+torch's ``MemTracker`` (torch.distributed._tools.mem_tracker) follows storages the same way but keeps running
+totals only: no events, no instants, so no phase peaks or lifetimes to match against the allocator's history,
+and it calls optimizer temporaries optimizer state and every forward output an activation (measured on torch
+2.13: a peak "OPT" of twice Adam's state). Owners here are decided by what is known of each storage instead.
+
+Not seen: memory an op allocates and frees inside itself (workspaces), and tensors made outside any op (by
+C++ extensions that allocate directly). On CUDA the allocator's own history covers both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakIdKeyDictionary
+
+EVENT_COLUMNS = ("t_ns", "action", "storage", "bytes", "device", "address", "op", "phase")
+
+
+def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
+    """The real storages behind ``t``: a wrapper subclass (DTensor, a ZeRO or FSDP shard's wrapper) has none of
+    its own, its inner tensors do."""
+    flatten = getattr(type(t), "__tensor_flatten__", None)
+    if flatten is not None and type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storages(getattr(t, name))
+        return
+    if t.device.type == "meta":
+        return
+    yield t.untyped_storage()
+
+
+class StorageLifetimes(TorchDispatchMode):
+    """Use as a context manager around the steps to follow. ``phase`` names the phase work runs in now."""
+
+    def __init__(self, phase: Callable[[], str] = lambda: "unattributed",
+                 existing: Iterable[torch.Tensor] = ()) -> None:
+        """``existing``: what is known to be live when following starts (the inventory's parameters, buffers and
+        optimizer state), so its bytes count from the start, not from the first op that uses it."""
+        super().__init__()
+        self.phase = phase
+        self.events: list[tuple] = []
+        self._existing = list(existing)
+        self._ids = WeakIdKeyDictionary()  # storage object -> its number here; never a strong reference
+        self._refs: dict[int, weakref.ref] = {}
+        self._next = 0
+        self._lock = threading.Lock()  # backward may free on autograd's device threads
+        self._saved = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._resize = None
+
+    # -- what happens to storages -----------------------------------------------------------------------
+    def _record(self, action: str, number: int, nbytes: int, device: str, op: str, address: int = 0) -> None:
+        with self._lock:
+            self.events.append((time.perf_counter_ns(), action, number, nbytes, device, address, op, self.phase()))
+
+    def _follow(self, storage: torch.UntypedStorage, action: str, op: str) -> int:
+        number = self._ids.get(storage)
+        if number is not None:
+            return number
+        number = self._next
+        self._next += 1
+        self._ids[storage] = number
+        device = str(storage.device)
+
+        def freed(_, number=number, device=device) -> None:
+            self._record("free", number, 0, device, "")
+            self._refs.pop(number, None)
+
+        self._refs[number] = weakref.ref(storage, freed)
+        # The address identifies the storage to the inventory (model.storage.storage_id) and the allocator.
+        self._record(action, number, storage.nbytes(), device, op, storage.data_ptr())
+        return number
+
+    def mark(self, tensor: torch.Tensor, owner: str) -> None:
+        """Say what ``tensor``'s storages are (``gradient``, ``kv_cache``, ...) from now on."""
+        for storage in _storages(tensor):
+            number = self._follow(storage, "existing", "")
+            self._record(f"owner:{owner}", number, storage.nbytes(), str(storage.device), "")
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        for storage in _storages(tensor):
+            number = self._follow(storage, "existing", "")
+            self._record("saved", number, storage.nbytes(), str(storage.device), "")
+        return tensor
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(s) for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) for s in _storages(a)}
+        name = str(func.overloadpacket)
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                for storage in _storages(t):
+                    self._follow(storage, "existing" if id(storage) in inputs else "alloc", name)
+        return out
+
+    # -- install and remove -------------------------------------------------------------------------------
+    def __enter__(self):
+        tracker, original = self, torch.UntypedStorage.resize_
+
+        def resize_(storage, size):
+            result = original(storage, size)
+            number = tracker._ids.get(storage)
+            if number is not None:
+                tracker._record("resize", number, int(size), str(storage.device), "resize_")
+            return result
+
+        self._resize = original
+        torch.UntypedStorage.resize_ = resize_
+        for t in self._existing:
+            for storage in _storages(t):
+                self._follow(storage, "existing", "")
+        self._existing = []
+        self._saved.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._saved.__exit__(*exc)
+            torch.UntypedStorage.resize_ = self._resize
