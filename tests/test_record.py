@@ -6,10 +6,11 @@ import json
 import pytest
 from torch_tb_profiler.consts import WORKER_PATTERN
 
+from profkit.analyze import breakdown
 from profkit.analyze.trace import load_trace
 from profkit.core.methods import METHODS
 from profkit.core.presets import get_preset
-from tests.conftest import run_cli
+from tests.conftest import FAST, recorded, run_cli
 
 MICRO = get_preset("micro").config
 
@@ -115,3 +116,39 @@ def test_methods_command_lists_every_method():
     result = run_cli("methods", "--json")
     assert result.returncode == 0
     assert [m["name"] for m in json.loads(result.stdout)] == list(METHODS)
+
+
+# What a torch without the deprecated export does: importing it in every worker (sitecustomize) removes it.
+NO_EXPORT_SITECUSTOMIZE = """
+import torch.profiler
+def _removed(self, *args, **kwargs):
+    raise AttributeError("export_memory_timeline was removed from torch (simulated)")
+torch.profiler.profile.export_memory_timeline = _removed
+"""
+
+
+def test_record_without_the_profilers_export_decomposes_from_storage_lifetimes(tmp_path):
+    """``profkit record`` on a torch without ``export_memory_timeline``: every run is complete, its memory comes
+    from the storage lifetimes, static owners are the inventory's to the byte and |unattributed| is within 1%."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(NO_EXPORT_SITECUSTOMIZE)
+    out = tmp_path / "traces"
+    methods = ["full_gc", "qlora", "infer_fp16"]
+    result = run_cli("record", *methods, *FAST, "-o", str(out), env={"PYTHONPATH": str(tmp_path / "site")})
+    assert result.returncode == 0, recorded(result, out)
+    bd = breakdown([out])
+    assert not [p for p in bd.problems if p.fatal], bd.problems
+    for name in methods:
+        record = bd.records[name]
+        assert record.status == "ok" and "simulated" in record.timings["memory_timeline_error"]
+        peak = bd.memory[(bd.memory.run == name) & (bd.memory.phase == "peak")].set_index("category").bytes
+        measured = int(bd.runs.set_index("run").loc[name, "measured_peak_bytes"])
+        assert abs(peak["unattributed"]) <= 0.01 * measured, (name, peak.to_dict())
+        owners = {}
+        for row in record.inventory["rows"]:
+            owners[row["owner"]] = owners.get(row["owner"], 0) + row["bytes"]
+        assert peak["parameters_frozen"] == owners.get("parameters_frozen", 0) + owners.get("buffers", 0)
+        assert peak["parameters_trainable"] == owners.get("parameters_trainable", 0)
+        assert peak["optimizer_state"] == owners.get("optimizer_state", 0)
+    assert bd.memory[(bd.memory.run == "infer_fp16") & (bd.memory.phase == "peak")].set_index("category") \
+        .bytes["kv_cache"] == bd.records["infer_fp16"].inventory["kv_cache_bytes"]

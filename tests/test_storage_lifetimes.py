@@ -58,6 +58,7 @@ def step(tmp_path_factory):
         with tracker:
             loss = model(input_ids=ids, labels=ids).loss
             figures["saved"] = saved_by_the_graph(loss, exclude=set(owners) | {storage_id(ids)})
+            figures["loss"] = loss.untyped_storage().nbytes()  # the pass's result the loop holds
             phase[0] = "backward"
             loss.backward()
             figures["gradients"] = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
@@ -82,9 +83,11 @@ def test_static_memory_is_the_inventorys_to_the_byte(step):
 
 
 def test_activations_are_what_the_graph_saved(step):
-    """When the forward pass ends, the bytes saved for backward equal the graph's saved tensors."""
+    """When the forward pass ends, its activations are what the graph saved for backward and the result the loop
+    holds (the loss): nothing else the pass allocated is still alive."""
     lifetimes, *_, figures, _ = step
-    assert lifetimes.phase_ends["forward"].by_owner["activations"] == figures["saved"] > 0
+    assert lifetimes.phase_ends["forward"].by_owner["activations"] == figures["saved"] + figures["loss"]
+    assert figures["saved"] > 0 and "temporaries" not in lifetimes.phase_ends["forward"].by_owner
 
 
 def test_gradients_are_the_parameters_grads(step):

@@ -19,8 +19,9 @@ import psutil
 
 from profkit import store
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.analyze.memory import (MEMORY_CATEGORIES, Timeline, analyze_memory, kv_cache_at, load_timeline,
-                                    phase_windows)
+from profkit.analyze.lifetimes import load_lifetimes
+from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline, analyze_lifetimes, analyze_memory,
+                                    compare_sources, kv_cache_at, load_timeline, phase_windows)
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
@@ -90,6 +91,9 @@ class Breakdown:
     snapshots: dict = field(default_factory=dict)  # run -> profkit.analyze.snapshot.SnapshotAnalysis
     # profkit runs: the memory cycle's timeline as loaded, so that renderers (plots) never read it again.
     timelines: dict[str, Timeline] = field(default_factory=dict)  # run -> profkit.analyze.memory.Timeline
+    # profkit runs with both attributions: the storage lifetimes' and the profiler export's bytes per category
+    # at the peak, side by side (run, method, category, lifetimes_bytes, export_bytes, difference_...).
+    memory_sources: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def failed(self) -> bool:
@@ -194,7 +198,7 @@ class _Collected:
         self.runs: list[dict] = []
         self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in (
             "memory", "time", "time_by_name", "measured", "predicted", "trace_memory", "trace_memory_peaks",
-            "memory_over_time", "time_per_step")}
+            "memory_over_time", "time_per_step", "memory_sources")}
         self.notes: dict[str, list[str]] = {}
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
@@ -248,6 +252,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         trace_memory_peaks=c.frame("trace_memory_peaks", ["run", "method", *PEAK_COLUMNS]),
         memory_over_time=c.frame("memory_over_time"),
         time_per_step=c.frame("time_per_step", ["run", "method", "category", "step", "seconds"]),
+        memory_sources=c.frame("memory_sources", ["run", "method", *SOURCES_COLUMNS]),
     )
 
 
@@ -373,11 +378,22 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         _foreign_memory(src, trace, t, row, c, notes, problems)
         return row
     try:
-        timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
+        own = None
+        if run_dir.storage_lifetimes.is_file():
+            try:
+                own = analyze_lifetimes(record, load_lifetimes(run_dir.storage_lifetimes))
+            except ValueError as exc:
+                problems.append(Problem(run_dir.storage_lifetimes, str(exc), fatal=not run_dir.memory_timeline.is_file()))
         memory_trace = load_trace(run_dir.memory_trace)
         problems += [Problem(run_dir.memory_trace, w, fatal=False) for w in memory_trace.warnings]
         c.windows[src.run] = phase_windows(memory_trace, labels.PHASE_OF_LABEL)
-        m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
+        if run_dir.memory_timeline.is_file() or own is None:
+            timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
+            m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
+            if own is not None:
+                c.add("memory_sources", compare_sources(m.rows, own.rows), src.run, method)
+        else:
+            m = own  # the export is gone (a torch without it, or it failed): the run's own attribution stands
         c.add("memory", m.rows, src.run, method)
         c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]

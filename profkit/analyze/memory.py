@@ -30,9 +30,10 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from profkit.analyze.lifetimes import Lifetimes, categories
 from profkit.analyze.trace import Trace, read_json
 from profkit.core import labels
-from profkit.core.categories import MEMORY_CATEGORIES  # noqa: F401  re-exported: analyze's public vocabulary
+from profkit.core.categories import MEMORY_CATEGORIES  # also re-exported: analyze's public vocabulary
 from profkit.store.manifest import RunRecord
 
 # torch.profiler._memory_profiler category indices in the raw export (_CATEGORY_TO_INDEX order).
@@ -216,3 +217,45 @@ def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tup
         notes.append("CPU runs have no allocator counters: allocator_overhead is 0 and the measured peak is the "
                      "profiler's memory timeline (process RSS, which includes code and libraries, is in the manifest)")
     return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes)
+
+
+def analyze_lifetimes(record: RunRecord, lifetimes: Lifetimes) -> MemoryResult:
+    """The breakdown from the run's own storage lifetimes (``analyze.lifetimes``): the peak and each phase's peak.
+    On CUDA the allocator's counters are the measurement and the lifetimes split it; on CPU the lifetimes' own
+    peak is the measurement (equal to the profiler's allocation counter where both were checked)."""
+    inv = record.inventory or {}
+    kv_cache = int(inv.get("kv_cache_bytes") or 0) if record.kind == "infer" else 0
+    peaks = record.peaks
+    cuda = "cuda_max_reserved" in peaks
+    rows, measured = [], []
+    instants = {"peak": lifetimes.peak, **{p: v for p, v in lifetimes.phase_peaks.items() if p != "unattributed"}}
+    for phase, at in instants.items():
+        cats = dict.fromkeys(MEMORY_CATEGORIES, 0) | categories(at, kv_cache)
+        if cuda and phase == "peak":
+            allocated, reserved = peaks["cuda_max_allocated"], peaks["cuda_max_reserved"]
+            cats["allocator_overhead"] = reserved - allocated
+            cats["unattributed"] += allocated - at.bytes
+            measured_peak, source = reserved, "cuda max_memory_reserved (memory cycle)"
+        else:
+            measured_peak, source = at.bytes, "storage lifetimes"
+        rows += [{"category": c, "phase": phase, "bytes": int(b)} for c, b in cats.items()]
+        measured.append({"phase": phase, "measured_peak_bytes": int(measured_peak), "source": source})
+    notes = ["memory from the run's storage lifetimes: the profiler's memory timeline was not exported"
+             + (f" ({record.timings['memory_timeline_error']})" if record.timings.get("memory_timeline_error") else "")]
+    return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes)
+
+
+SOURCES_COLUMNS = ["category", "lifetimes_bytes", "export_bytes", "difference_bytes", "difference_of_peak"]
+
+
+def compare_sources(export: pd.DataFrame, own: pd.DataFrame) -> pd.DataFrame:
+    """Both attributions at their own peak, per category: what the profiler's export says beside what the
+    storage lifetimes say, and their difference as a share of the peak."""
+    e = export[export.phase == "peak"].set_index("category").bytes
+    o = own[own.phase == "peak"].set_index("category").bytes
+    peak = max(int(o.drop(["allocator_overhead"], errors="ignore").sum()), 1)
+    cats = [c for c in MEMORY_CATEGORIES if c != "allocator_overhead" and (e.get(c, 0) or o.get(c, 0))]
+    rows = [{"category": c, "lifetimes_bytes": int(o.get(c, 0)), "export_bytes": int(e.get(c, 0)),
+             "difference_bytes": int(o.get(c, 0) - e.get(c, 0)),
+             "difference_of_peak": float(o.get(c, 0) - e.get(c, 0)) / peak} for c in cats]
+    return pd.DataFrame(rows, columns=SOURCES_COLUMNS)

@@ -23,7 +23,6 @@ from profkit.model.build import (build_model, make_optimizer, plan, setting_unsu
 from profkit.model.data import inference_prompts, token_blocks, training_batches
 from profkit.model.zero import init_process_group, trainer_deepspeed_config
 from profkit.record.hf import TrainerCallback
-from profkit.record.session import MEMORY_CYCLE_ATTEMPTS
 
 
 @dataclass
@@ -121,9 +120,7 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
         init_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
     args = TrainingArguments(
-        # Room for the memory cycles the session may run again; it stops the Trainer once it has what it needs.
-        output_dir=out_dir, per_device_train_batch_size=settings.batch_size,
-        max_steps=settings.total_steps + (MEMORY_CYCLE_ATTEMPTS - 1) * (1 + settings.memory_steps),
+        output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,
         learning_rate=method.learning_rate, lr_scheduler_type="constant", optim=TRAINER_OPTIM[method.optimizer],
         gradient_checkpointing=method.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,

@@ -30,6 +30,7 @@ class PhaseLabels:
         self.local = threading.local()
         self.data = None
         self.active = False
+        self.now = "unattributed"  # the phase work runs in now (read by the storage tracker, on any thread)
 
     def _local(self, name: str, default):
         if not hasattr(self.local, name):
@@ -93,8 +94,8 @@ class PhaseLabels:
 
     # -- ranges
 
-    @staticmethod
-    def _open(name: str):
+    def _open(self, name: str):
+        self.now = labels.PHASE_OF_LABEL.get(name, self.now)
         rf = record_function(name)
         rf.__enter__()
         return rf
@@ -118,6 +119,7 @@ class PhaseLabels:
             if name in inside:  # DeepSpeed's step calling a wrapped step, a backward inside a backward
                 return fn(*args, **kwargs)
             inside.add(name)
+            self.now = labels.PHASE_OF_LABEL.get(name, self.now)
             try:
                 with record_function(name):
                     return fn(*args, **kwargs)

@@ -49,6 +49,7 @@ from profkit.record.generation import Generation
 from profkit.record.inventory import take_inventory
 from profkit.record.outcome import classify, unhandled_exception
 from profkit.record.phases import PhaseLabels
+from profkit.record.storages import MemoryCycleFollower
 from profkit.store.manifest import RunRecord, new_record, now
 
 Progress = Callable[[str], None]  # called with the phase name after every step
@@ -59,9 +60,6 @@ Predict = Callable[[Any, RunRecord, tuple[int, int], int, str], dict]
 # Enough allocator events for several steps of a 3B model; older events are dropped first.
 CUDA_HISTORY_MAX_ENTRIES = 200_000
 PHASES = ("warmup", "timed", "time_profile", "memory_profile")
-# torch's memory timeline export fails now and then (pytorch/pytorch#167838); the cycle is run again. Seen here:
-# 3 attempts all failing for one of 8 two-rank recordings (every rank runs again when any rank's export fails).
-MEMORY_CYCLE_ATTEMPTS = 5
 
 
 _OPEN: "weakref.ref[Session] | None" = None  # the session open in this process, if any
@@ -126,8 +124,7 @@ class Session:
         self._always: list = []
         self._finalizer = None
         self._world: tuple[int, int] | None = None  # (rank, world size) under torch.distributed, from start()
-        self._timeline_error: str | None = None
-        self._memory_attempts = 1
+        self._lifetimes: MemoryCycleFollower | None = None
         self._predict = predict
 
     # ------------------------------------------------------------------ public
@@ -210,6 +207,10 @@ class Session:
         self._last_loss = None
         self._in_phase += 1
         last = self._in_phase == self.plan[phase]
+        if phase == "memory_profile" and self._in_phase == 1 and not last:
+            # The profiler's warm-up step is done: its memory-profiled steps begin, and so does following storages.
+            p = self.parts
+            self._lifetimes = MemoryCycleFollower(p.model, p.optimizer, p.inner_optimizer, lambda: self._labels.now)
         if phase == "memory_profile" and last and self.record.inventory is None:
             self._take_inventory()  # no optimizer step was seen: take it now
         if self._prof is not None:
@@ -217,8 +218,8 @@ class Session:
                 self._prof.step()
         self.progress(phase)
         if last:
-            if self._finish_phase(phase):
-                self._enter_next(PHASES.index(phase) + 1)
+            self._finish_phase(phase)
+            self._enter_next(PHASES.index(phase) + 1)
         elif self._labels.active:
             self._labels.open_data()
 
@@ -235,10 +236,6 @@ class Session:
         rec = self.record
         if exc is not None:
             rec.status, rec.reason = classify(exc), f"{type(exc).__name__}: {exc}".strip()
-        elif self.phase == "done" and self._timeline_error:
-            rec.status = "failed"
-            rec.reason = (f"torch could not export the memory timeline in {self._memory_attempts} memory cycles "
-                          f"(pytorch/pytorch#167838): {self._timeline_error}")
         elif self.phase == "done":
             rec.status, rec.reason = "ok", None
         else:
@@ -298,31 +295,14 @@ class Session:
         elif self.phase == "memory_profile":
             self._start_memory_cycle()
 
-    def _finish_phase(self, phase: str) -> bool:
-        """End ``phase``; False when it starts again instead (a memory cycle whose timeline torch failed to export)."""
+    def _finish_phase(self, phase: str) -> None:
         if phase == "timed":
             self._store_timings()
         elif phase in ("time_profile", "memory_profile"):
             self._stop_profiler()
             if phase == "memory_profile":
                 self._end_memory_cycle()
-                if self._world is not None:
-                    # Every rank runs the cycle again if any rank must: ranks step together (collectives).
-                    flag = torch.tensor([1.0 if self._timeline_error else 0.0],
-                                        device="cuda" if self.cuda else "cpu")
-                    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                    if flag.item() and not self._timeline_error:
-                        self._timeline_error = "another rank's memory timeline could not be exported"
-                if self._timeline_error and self._memory_attempts < MEMORY_CYCLE_ATTEMPTS:
-                    self.record.timings.setdefault("memory_cycle_retries", []).append(self._timeline_error)
-                    self._memory_attempts += 1
-                    self._timeline_error = None
-                    self.record.inventory = None  # taken again, in the cycle whose timeline is kept
-                    self._in_phase = 0
-                    self._start_memory_cycle()
-                    return False
         self.record.phases_done.append(phase)
-        return True
 
     def _store_timings(self) -> None:
         median = statistics.median(self._times)
@@ -343,14 +323,13 @@ class Session:
 
         def on_ready(p: profile) -> None:
             p.export_chrome_trace(str(run_dir.memory_trace))
-            # Categorized memory timeline (parameters, activations, gradients...); deprecated upstream in
-            # favour of the CUDA snapshot, which has no categories, so both are kept. Its data-flow analysis
-            # sometimes asserts ("duplicate outputs", pytorch/pytorch#167838): never let that end the user's
-            # training; the cycle is run again.
+            # The profiler's categorized memory timeline: deprecated upstream, and its data-flow analysis sometimes
+            # asserts ("duplicate outputs", pytorch/pytorch#167838). The storage lifetimes are the run's own
+            # attribution; this export, while torch has it, is a second opinion compared with them.
             try:
                 p.export_memory_timeline(str(run_dir.memory_timeline), device=device)
             except Exception as exc:
-                self._timeline_error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                self.record.timings["memory_timeline_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
                 run_dir.memory_timeline.unlink(missing_ok=True)
 
         self._labels.install()
@@ -363,6 +342,9 @@ class Session:
 
     def _end_memory_cycle(self) -> None:
         peaks = self.record.peaks
+        follower, self._lifetimes = self._lifetimes, None
+        if follower is not None:
+            follower.stop(self.run_dir.storage_lifetimes)
         if self.cuda:
             try:
                 torch.cuda.memory._dump_snapshot(str(self.run_dir.cuda_snapshot))

@@ -19,15 +19,20 @@ C++ extensions that allocate directly). On CUDA the allocator's own history cove
 
 from __future__ import annotations
 
+import gzip
+import json
 import threading
 import time
 import weakref
+from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
+
+from profkit.record.inventory import storage_owners
 
 EVENT_COLUMNS = ("t_ns", "action", "storage", "bytes", "device", "address", "op", "phase")
 
@@ -135,3 +140,32 @@ class StorageLifetimes(TorchDispatchMode):
         finally:
             self._saved.__exit__(*exc)
             torch.UntypedStorage.resize_ = self._resize
+
+
+class MemoryCycleFollower:
+    """The storage tracker around a session's memory-profiled steps: the inventory's storages known from the
+    start, gradients marked as autograd accumulates them, the events and owners written to the run."""
+
+    def __init__(self, model: torch.nn.Module, optimizer, inner_optimizer, phase: Callable[[], str]) -> None:
+        self.owners, existing = storage_owners(model, optimizer, inner_optimizer)
+        self.tracker = StorageLifetimes(phase, existing)
+        self.hooks = [p.register_post_accumulate_grad_hook(self._gradient)
+                      for p in model.parameters() if p.requires_grad]
+        self.started_ns = time.perf_counter_ns()
+        self.tracker.__enter__()
+
+    def _gradient(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.tracker.mark(p.grad, "gradients")
+
+    def stop(self, path: Path) -> None:
+        """Stop following and write ``{columns, events, owners, overhead}`` to ``path``."""
+        try:
+            self.tracker.__exit__(None, None, None)
+        finally:
+            for h in self.hooks:
+                h.remove()
+        owners = [[device, address, owner] for (device, address), owner in self.owners.items()]
+        with gzip.open(path, "wt") as fh:
+            json.dump({"columns": list(EVENT_COLUMNS), "events": self.tracker.events, "owners": owners,
+                       "followed_ns": time.perf_counter_ns() - self.started_ns}, fh)

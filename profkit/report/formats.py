@@ -63,6 +63,11 @@ def to_records(bd: Breakdown, explained: str | None = None) -> list[dict]:
             rec["memory_by_phase"] = {
                 phase: dict(zip(g.category, g.bytes.astype(int).tolist()))
                 for phase, g in bd.memory[bd.memory.run == run].groupby("phase")}
+        sources = bd.memory_sources[bd.memory_sources.run == run] if len(bd.memory_sources) else []
+        if len(sources):
+            # Both attributions at the peak: the run's storage lifetimes beside the profiler's export.
+            rec["memory_sources"] = [{k: _clean(v) for k, v in r.items() if k not in ("run", "method")}
+                                     for r in sources.to_dict("records")]
         p = bd.predicted[bd.predicted.run == run]
         if len(p):
             rec["predicted_vs_measured"] = [

@@ -6,6 +6,7 @@ Layout (one TensorBoard run per method; the two profiling cycles are its two wor
     traces/<run>/time.pt.trace.json.gz        time-profiling cycle (Kineto trace)
     traces/<run>/memory.pt.trace.json.gz      memory-profiling cycle (Kineto trace with memory events)
     traces/<run>/memory_timeline.raw.json.gz  the profiler's categorized memory timeline
+    traces/<run>/storage_lifetimes.json.gz    every storage's lifetime in the memory cycle, and its owner
     traces/<run>/memory_snapshot.pickle       CUDA allocator history (open in pytorch.org/memory_viz)
     traces/<run>/oom_snapshot.pickle          CUDA allocator state at an out-of-memory error
     traces/<run>/record.log                   the run's own output (profkit record)
@@ -35,6 +36,7 @@ MANIFEST = "manifest.json"
 TIME_TRACE = "time.pt.trace.json.gz"
 MEMORY_TRACE = "memory.pt.trace.json.gz"
 MEMORY_TIMELINE = "memory_timeline.raw.json.gz"
+STORAGE_LIFETIMES = "storage_lifetimes.json.gz"
 CUDA_SNAPSHOT = "memory_snapshot.pickle"
 OOM_SNAPSHOT = "oom_snapshot.pickle"
 LOG = "record.log"
@@ -66,6 +68,10 @@ class RunDir:
     @property
     def memory_timeline(self) -> Path:
         return self.path / MEMORY_TIMELINE
+
+    @property
+    def storage_lifetimes(self) -> Path:
+        return self.path / STORAGE_LIFETIMES
 
     @property
     def cuda_snapshot(self) -> Path:

@@ -96,3 +96,21 @@ def test_failed_runs_appear_with_status_not_zeros(tmp_path, matrix):
 def test_reads_a_foreign_raw_memory_timeline():
     tl = load_timeline(GPU_TRACES / "memory_timeline.raw.json.gz")
     assert tl.total.max() > 0 and (tl.live >= 0).all()
+
+
+STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state")
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_the_storage_lifetimes_and_the_export_agree_where_both_exist(bd, name):
+    """Every method of the matrix has both attributions: static owners equal to the byte, and the bytes live at
+    the peak (every category together) within 1% of it. Where a category differs, the table says by how much:
+    the profiler files a backward pass's activation gradients under ACTIVATION, the lifetimes call what backward
+    allocates and autograd never saved a temporary (tests/test_storage_lifetimes.py checks their definitions)."""
+    s = bd.memory_sources[bd.memory_sources.run == name].set_index("category")
+    assert len(s), "no comparison of the two sources"
+    for category in STATIC:
+        if category in s.index:
+            assert s.loc[category, "lifetimes_bytes"] == s.loc[category, "export_bytes"], category
+    total = s.lifetimes_bytes.sum() - s.export_bytes.sum()
+    assert abs(total) <= 0.01 * s.lifetimes_bytes.sum(), (name, total)
