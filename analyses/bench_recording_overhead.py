@@ -1,4 +1,6 @@
-"""Benchmark: profkit's unprofiled (timed) steps against a plain training loop of the same model.
+"""Benchmark: what recording costs a training step, against a plain loop of the same model in the same run.
+
+``--cycle timed`` (default): profkit's unprofiled (timed) steps against the plain loop.
 
 For each method, one process builds the workload with profkit (same model, optimizer, data, precision and
 DeepSpeed engine), then alternates blocks of steps: the plain loop (the workload's own step: forward, backward,
@@ -6,13 +8,19 @@ optimizer step, zero_grad -- what a user writes) and the same loop stepping a ``
 phase (its always-on hooks count tokens and keep the loss, ``step()`` reads the loss back and times the step).
 The figure is the ratio of median step times measured in the same run. Target: within 3%.
 
-Usage: python analyses/bench_recording_overhead.py [--methods lora full qlora] [--preset tiny] [--device cpu]
-       [--rounds 7] [--output FILE]
+``--cycle memory``: what following storage lifetimes costs a memory-profiled step. Blocks of steps alternate:
+plain; inside ``StorageLifetimes`` with the session's gradient marks (``MemoryCycleFollower``); inside
+``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)`` (not exported: only the
+collection is timed); both, as the memory cycle runs them. Ratios to plain. Timed steps never run either.
+
+Usage: python analyses/bench_recording_overhead.py [--cycle timed|memory] [--methods lora full qlora]
+       [--preset tiny] [--device cpu] [--rounds 7] [--output FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -20,23 +28,28 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from profkit.core.methods import get_method
 from profkit.core.settings import RunSettings
 from profkit.launch.workload import build
 from profkit.model.build import resolve_device
 from profkit.record.session import Session
+from profkit.record.storages import MemoryCycleFollower
 
-OUT = Path(__file__).resolve().parents[1] / "reports" / "benchmarks" / "recording_overhead.json"
+REPORTS = Path(__file__).resolve().parents[1] / "reports" / "benchmarks"
+OUT = {"timed": REPORTS / "recording_overhead.json", "memory": REPORTS / "storage_lifetimes_overhead.json"}
 
 
-def block(step, n: int, sync) -> float:
+def block(step, n: int, sync, context=contextlib.nullcontext) -> float:
+    """The median time of ``n`` steps, run inside ``context()`` (entering and leaving it is not timed)."""
     times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
+    with context():
+        for _ in range(n):
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
@@ -68,26 +81,75 @@ def measure(name: str, preset: str, device: str, rounds: int, steps_per_block: i
             "profkit_blocks_s": profkit_t}
 
 
+def measure_memory_cycle(name: str, preset: str, device: str, rounds: int, steps: int) -> dict:
+    """The plain step, and inside the storage tracker, the profiler and both, alternating, in this process."""
+    device = resolve_device(device)
+    settings = RunSettings(method=name, preset=preset, device=device).resolved()
+    w = build(get_method(name), settings, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    scratch = Path(tempfile.mkdtemp())
+
+    @contextlib.contextmanager
+    def lifetimes():
+        follower = MemoryCycleFollower(w.model, w.optimizer, getattr(w, "inner_optimizer", None), lambda: "step")
+        try:
+            yield
+        finally:
+            follower.stop(scratch / "lifetimes.json.gz")
+
+    def profiler():
+        return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []),
+                       profile_memory=True, record_shapes=True, with_stack=True)
+
+    @contextlib.contextmanager
+    def both():
+        with profiler(), lifetimes():
+            yield
+
+    modes = {"plain": contextlib.nullcontext, "lifetimes": lifetimes, "profiler": profiler, "both": both}
+    for _ in range(3):
+        w.step()
+    times = {mode: [] for mode in modes}
+    for _ in range(rounds):
+        for mode, context in modes.items():
+            times[mode].append(block(w.step, steps, sync, context))
+    medians = {mode: statistics.median(t) for mode, t in times.items()}
+    return {**{f"{m}_step_s": v for m, v in medians.items()},
+            **{f"{m}_over_plain": medians[m] / medians["plain"] for m in modes if m != "plain"},
+            "lifetimes_inside_profiler_over_profiler": medians["both"] / medians["profiler"], "blocks_s": times}
+
+
+def describe(name: str, r: dict) -> str:
+    if "ratio" in r:
+        return f"{name:8s} plain {r['plain_step_s'] * 1e3:7.2f} ms  profkit {r['profkit_step_s'] * 1e3:7.2f} ms  " \
+               f"ratio {r['ratio']:.3f}"
+    return (f"{name:8s} plain {r['plain_step_s'] * 1e3:8.2f} ms  lifetimes x{r['lifetimes_over_plain']:.3f}  "
+            f"profiler x{r['profiler_over_plain']:.3f}  both x{r['both_over_plain']:.3f}  "
+            f"(lifetimes add x{r['lifetimes_inside_profiler_over_profiler']:.3f} to the profiled step)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycle", choices=sorted(OUT), default="timed")
     parser.add_argument("--methods", nargs="+", default=["lora", "full", "qlora"])
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps-per-block", type=int, default=5)
-    parser.add_argument("--output", type=Path, default=OUT)
+    parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
+    run = measure if args.cycle == "timed" else measure_memory_cycle
+    output = args.output or OUT[args.cycle]
     results = {}
     for name in args.methods:
-        r = results[name] = measure(name, args.preset, args.device, args.rounds, args.steps_per_block)
-        print(f"{name:8s} plain {r['plain_step_s'] * 1e3:7.2f} ms  profkit {r['profkit_step_s'] * 1e3:7.2f} ms  "
-              f"ratio {r['ratio']:.3f}")
+        results[name] = run(name, args.preset, args.device, args.rounds, args.steps_per_block)
+        print(describe(name, results[name]))
     summary = {"preset": args.preset, "device": resolve_device(args.device), "torch_threads": torch.get_num_threads(),
                "rounds": args.rounds, "steps_per_block": args.steps_per_block, "methods": results}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(summary, indent=2))
-    print(f"-> {args.output}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(summary, indent=2))
+    print(f"-> {output}")
 
 
 if __name__ == "__main__":

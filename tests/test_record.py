@@ -133,7 +133,7 @@ def test_record_without_the_profilers_export_decomposes_from_storage_lifetimes(t
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(NO_EXPORT_SITECUSTOMIZE)
     out = tmp_path / "traces"
-    methods = ["full_gc", "qlora", "infer_fp16"]
+    methods = ["full_gc", "infer_fp16"]
     result = run_cli("record", *methods, *FAST, "-o", str(out), env={"PYTHONPATH": str(tmp_path / "site")})
     assert result.returncode == 0, recorded(result, out)
     bd = breakdown([out])
