@@ -114,7 +114,9 @@ class StorageLifetimes(TorchDispatchMode):
         for storage in _storages(tensor):
             number = self._follow(storage, "existing", "")
             self._record("saved", number, storage.nbytes(), str(storage.device), "")
-        return tensor
+        # Detached: the same storage, without the grad_fn that would make a saved output a reference cycle (kept
+        # until the garbage collector runs, so the step would hold more memory than without the tracker).
+        return tensor.detach()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
