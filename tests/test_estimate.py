@@ -5,9 +5,12 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from profkit.analyze import breakdown
+from profkit import store
+from profkit.analyze import analyze_lifetimes, breakdown, predicted_vs_measured
+from profkit.analyze.lifetimes import load_lifetimes
 from profkit.core.methods import METHODS, get_method
 from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
@@ -19,11 +22,7 @@ TRAINING = TINY_TRAINING  # what the tiny fixture records
 EXACT = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
 
 
-@pytest.mark.parametrize("name", TRAINING)
-def test_prediction_matches_measurement_on_tiny(tiny_training, name):
-    bd = breakdown([tiny_training / name])
-    assert not bd.failed, bd.problems
-    p = bd.predicted.set_index("category")
+def _holds(p: pd.DataFrame) -> None:
     assert set(EXACT) | {"activations", "peak"} <= set(p.index)
     for category in EXACT:
         row = p.loc[category]
@@ -31,6 +30,22 @@ def test_prediction_matches_measurement_on_tiny(tiny_training, name):
     act = p.loc["activations"]
     assert act.measured_bytes > 0
     assert abs(act.error) <= 0.15, act.to_dict()
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_prediction_matches_measurement_on_tiny(tiny_training, name):
+    bd = breakdown([tiny_training / name])
+    assert not bd.failed, bd.problems
+    _holds(bd.predicted.set_index("category"))
+
+
+@pytest.mark.parametrize("name", TRAINING)
+def test_prediction_matches_the_storage_lifetimes_too(tiny_training, name):
+    """Where torch's export fails (it does now and then, on one rank of two), the storage lifetimes are the
+    measurement: they must hold the estimate to the same targets."""
+    record = breakdown([tiny_training / name]).records[name]
+    own = analyze_lifetimes(record, load_lifetimes(tiny_training / name / store.STORAGE_LIFETIMES))
+    _holds(predicted_vs_measured(record.estimate, own.rows, own.measured).set_index("category"))
 
 
 def test_breakdown_shows_predicted_beside_measured(tiny_training):

@@ -4,9 +4,10 @@ figures out.
 
 An owner comes from what is known of the storage, in this order: the inventory (parameters, buffers, optimizer
 state, ZeRO's flat buffers; by device and address), a caller's mark (``gradients``, ``kv_cache``), autograd
-saving it for backward (``activations``; ``inputs`` when it existed before the step), a forward pass's result
-that outlives the pass (``activations``: the logits the loop holds, a generation step's outputs), else
-``temporaries`` for what an op allocated and ``before_step`` for what existed before and nothing names.
+saving it for backward (``activations``; ``inputs`` when it existed before the step), a forward op computing
+it from the batch (``activations``, as torch's memory profiler files them: the logits, the loss, a generation
+step's outputs), else ``temporaries`` for what another op allocated and ``before_step`` for what existed
+before and nothing names.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import gzip
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from profkit.store import LIFETIME_EVENT_COLUMNS
 
 SAVED_BECOMES = {"temporaries": "activations", "before_step": "inputs"}
 FORWARD_PHASES = {"forward", "prefill", "decode"}  # profkit's labels of a forward pass
@@ -37,63 +40,91 @@ class Lifetimes:
     events: int
 
 
+def owners_of(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> dict[int, str]:
+    """Each storage's owner, from everything known of it over its life: where it came from (the inventory, what
+    a forward op computed from the batch, another op, or live before the step), whether autograd saved it, and
+    what a caller marked it. ``events`` sorted by time."""
+    owner: dict[int, str] = {}
+    for _t, action, number, _nbytes, device, address, _op, phase, inputs in events:
+        if action in ("alloc", "existing"):
+            if number not in owner:
+                owner[number] = owner_of.get((device, address)) or (
+                    ("activations" if phase in FORWARD_PHASES and _from_the_batch(inputs, owner) else "temporaries")
+                    if action == "alloc" else "before_step")
+                if owner[number] == "activations" and action == "alloc":
+                    for n in inputs:  # what the forward pass read from before the step is its input: the batch
+                        if owner.get(n) == "before_step":
+                            owner[n] = "inputs"
+        elif number not in owner:
+            continue
+        elif action == "saved":
+            owner[number] = SAVED_BECOMES.get(owner[number], owner[number])
+        elif action.startswith("owner:"):
+            owner[number] = action.removeprefix("owner:")
+    return owner
+
+
+# torch's memory profiler floods activations from the batch the same way (_memory_profiler._set_activations): an
+# op's output is one when some input is the batch or an activation, and every other input is a weight or a
+# temporary. What a forward op computes from the weights alone (ZeRO-3's gathered parameter, QLoRA's dequantized
+# weight) is a temporary; an op that reads a gradient or optimizer state is not the forward pass's.
+FROM_THE_BATCH = {"activations", "inputs", "before_step"}
+ALSO_READ = {"parameters_trainable", "parameters_frozen", "parameters_quantized", "buffers", "temporaries"}
+
+
+def _from_the_batch(inputs, owner: dict[int, str]) -> bool:
+    read = {owner.get(n, "before_step") for n in inputs}
+    return bool(read & FROM_THE_BATCH) and read <= FROM_THE_BATCH | ALSO_READ
+
+
 def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Lifetimes:
-    """``events``: ``(t_ns, action, storage, bytes, device, address, op, phase)`` rows in the order they happened."""
-    live: dict[int, list] = {}  # storage -> [bytes, owner, allocated during the steps, phase that allocated it]
+    """``events``: ``store.LIFETIME_EVENT_COLUMNS`` rows. A storage's bytes count
+    under its owner for its whole life, as the profiler's memory timeline files them: the log-softmax output
+    autograd saves a moment after allocating it is an activation at that moment too, so a peak there is not
+    split between temporaries and activations by when the owner became known."""
+    events = sorted(events, key=lambda e: e[0])
+    owner = owners_of(events, owner_of)
+    live: dict[int, tuple[int, bool]] = {}  # storage -> bytes, allocated during the steps
     totals: dict[str, int] = {}
     total = allocated = allocated_peak = 0
     peak, phases, ends, largest = OwnerPeak(), {}, {}, {}
 
-    def move(entry: list, delta: int) -> None:
-        nonlocal total, allocated
-        owner = entry[1]
-        if delta:
-            totals[owner] = totals.get(owner, 0) + delta
-            total += delta
-            allocated += delta if entry[2] else 0
-            if totals[owner] > largest.get(owner, 0):
-                largest[owner] = totals[owner]
+    def snapshot(t_ns: int) -> OwnerPeak:
+        return OwnerPeak(total, t_ns, {k: v for k, v in totals.items() if v})
 
     previous = None
-    for t_ns, action, number, nbytes, device, address, _op, phase in sorted(events, key=lambda e: e[0]):
+    for t_ns, action, number, nbytes, _device, _address, _op, phase, _inputs in events:
         if phase != previous and previous is not None:
-            if previous in FORWARD_PHASES:
-                for entry in live.values():  # what the pass made and still lives is its result
-                    if entry[1] == "temporaries" and entry[3] == previous:
-                        move(entry, -entry[0])
-                        entry[1] = "activations"
-                        move(entry, entry[0])
-            ends[previous] = OwnerPeak(total, t_ns, {k: v for k, v in totals.items() if v})  # the state it left
+            ends[previous] = snapshot(t_ns)  # the state it left
         previous = phase
-        entry = live.get(number)
         if action in ("alloc", "existing"):
-            if entry is None:
-                owner = owner_of.get((device, address)) or ("temporaries" if action == "alloc" else "before_step")
-                live[number] = entry = [0, owner, action == "alloc", phase]
-                move(entry, nbytes)
-                entry[0] = nbytes
-        elif entry is None:
+            if number in live or number not in owner:
+                continue
+            before, fresh = 0, action == "alloc"
+        elif action == "free" and number in live:
+            before, fresh = live.pop(number)
+            nbytes = 0
+        elif action == "resize" and number in live:
+            before, fresh = live[number]
+        else:
             continue
-        elif action == "free":
-            del live[number]
-            move(entry, -entry[0])
-        elif action == "resize":
-            move(entry, nbytes - entry[0])
-            entry[0] = nbytes
-        elif action == "saved" or action.startswith("owner:"):
-            owner = SAVED_BECOMES.get(entry[1]) if action == "saved" else action.removeprefix("owner:")
-            if owner is not None and owner != entry[1]:
-                move(entry, -entry[0])
-                entry[1] = owner
-                move(entry, entry[0])
-        allocated_peak = max(allocated_peak, allocated)
-        if total > peak.bytes:
-            peak = OwnerPeak(total, t_ns, {k: v for k, v in totals.items() if v})
+        if action != "free":
+            live[number] = (nbytes, fresh)
+        delta = nbytes - before
+        if delta:
+            who = owner[number]
+            totals[who] = totals.get(who, 0) + delta
+            largest[who] = max(largest.get(who, 0), totals[who])
+            total += delta
+            allocated += delta if fresh else 0
+            allocated_peak = max(allocated_peak, allocated)
+            if total > peak.bytes:
+                peak = snapshot(t_ns)
         at = phases.get(phase)
         if at is None or total > at.bytes:
-            phases[phase] = OwnerPeak(total, t_ns, {k: v for k, v in totals.items() if v})
+            phases[phase] = snapshot(t_ns)
     if previous is not None:
-        ends[previous] = OwnerPeak(total, 0, {k: v for k, v in totals.items() if v})
+        ends[previous] = snapshot(0)
     return Lifetimes(peak, phases, ends, largest, allocated_peak, len(events))
 
 
@@ -105,14 +136,17 @@ def load_lifetimes(path: Path) -> Lifetimes:
     except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"not a storage-lifetimes file: {exc}") from None
     try:
-        width = len(data["columns"])
-        events = [tuple(e) for e in data["events"]]
+        columns, rows = data["columns"], data["events"]
         owners = {(device, int(address)): str(owner) for device, address, owner in data["owners"]}
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"a damaged storage-lifetimes file: {type(exc).__name__}: {exc}") from None
-    if width != 8 or any(len(e) != 8 or not isinstance(e[0], int) or not isinstance(e[3], int) for e in events):
-        raise ValueError("a damaged storage-lifetimes file: its events are not (t_ns, action, storage, bytes, "
-                         "device, address, op, phase) rows")
+    width = len(LIFETIME_EVENT_COLUMNS)
+    if columns != list(LIFETIME_EVENT_COLUMNS) or not isinstance(rows, list) or any(
+            not isinstance(e, list) or len(e) != width or not isinstance(e[0], int) or not isinstance(e[3], int)
+            or not isinstance(e[-1], list) for e in rows):
+        raise ValueError("a damaged storage-lifetimes file (or one from an older profkit): its events are not "
+                         f"({', '.join(LIFETIME_EVENT_COLUMNS)}) rows")
+    events = [(*e[:-1], tuple(e[-1])) for e in rows]
     return attribute(events, owners)
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from transformers import TrainingArguments
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
@@ -49,7 +50,32 @@ def zero_buffers(stage: int, model=None, engine: str = "loop") -> dict[str, int]
     return {"reduce_bucket_size": int(config.reduce_bucket_size),
             "prefetch_bucket_size": int(config.prefetch_bucket_size),
             "max_live_parameters": int(config.max_live_parameters),
-            "param_persistence_threshold": int(config.param_persistence_threshold)}
+            "param_persistence_threshold": int(config.param_persistence_threshold),
+            "memory_efficient_linear": int(config.memory_efficient_linear)}
+
+
+@contextlib.contextmanager
+def zero3_linear(enabled: bool = True, unless: frozenset[int] = frozenset()):
+    """``torch.nn.functional.linear`` as ZeRO-3 replaces it for good when it partitions a model (its
+    ``memory_efficient_linear``, on by default): DeepSpeed's ``LinearFunctionForZeroStage3`` saves every linear's
+    input and weight for backward, a frozen one's too, where torch's saves the input only for a weight that needs
+    a gradient. The estimate's meta forward runs under it to count what that saves. ``unless``: ids of weights
+    whose layers never call it (bitsandbytes' 4-bit layers multiply through their own function)."""
+    if not enabled:
+        yield
+        return
+    with contextlib.redirect_stdout(sys.stderr):
+        from deepspeed.runtime.zero.linear import zero3_linear_wrap  # optional: ZeRO methods only
+    original = torch.nn.functional.linear
+
+    def linear(input, weight, bias=None):
+        return original(input, weight, bias) if id(weight) in unless else zero3_linear_wrap(input, weight, bias)
+
+    torch.nn.functional.linear = linear
+    try:
+        yield
+    finally:
+        torch.nn.functional.linear = original
 
 
 def trainer_deepspeed_config(stage: int, offload: str = "none") -> dict:

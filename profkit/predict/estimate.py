@@ -53,7 +53,7 @@ from profkit.core.methods import Method
 from profkit.core.quiet import library_output
 from profkit.model.build import meta_model, model_config
 from profkit.model.storage import storage_bytes, storage_id
-from profkit.model.zero import zero_buffers
+from profkit.model.zero import zero3_linear, zero_buffers
 
 Target = Literal["cpu", "cuda"]
 # The breakdown's categories, less the two only a measurement has.
@@ -200,15 +200,18 @@ class _TargetDevice(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.target, self.half = target, autocast
         self.autocast = autocast is not None
-        self.cast_cache: dict[int, torch.Tensor] = {}  # autocast caches casts of leaf weights per forward
+        # autocast caches casts of leaf weights per forward; the weight is kept with its cast so that its id is
+        # never another tensor's (ZeRO-3's linear casts a fresh leaf view of each weight)
+        self.cast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _cast(self, x):
         if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.half):
             return x
         if x.is_leaf and x.requires_grad:
-            if id(x) not in self.cast_cache:
-                self.cast_cache[id(x)] = x.to(self.half)
-            return self.cast_cache[id(x)]
+            cached = self.cast_cache.get(id(x))
+            if cached is None or cached[0] is not x:
+                cached = self.cast_cache[id(x)] = (x, x.to(self.half))
+            return cached[1]
         return x.to(self.half)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -357,10 +360,15 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
     of ``batch_size`` x ``seq_len`` tokens."""
     # peft, bitsandbytes and DeepSpeed announce themselves at import and warn about their own deprecations.
     with library_output():
-        if method.kind == "infer":
-            return _estimate_inference(method, config, batch_size, seq_len, new_tokens, world_size, target,
-                                       model_name)
-        return _estimate(method, config, batch_size, seq_len, world_size, target, model_name, engine)
+        try:
+            if method.kind == "infer":
+                return _estimate_inference(method, config, batch_size, seq_len, new_tokens, world_size, target,
+                                           model_name)
+            return _estimate(method, config, batch_size, seq_len, world_size, target, model_name, engine)
+        except (RuntimeError, NotImplementedError) as exc:  # torch's meta kernels refuse what they cannot model
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: the meta-device forward "
+                                f"that counts what autograd saves failed ({type(exc).__name__}: {first})") from None
 
 
 def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int, target: Target,
@@ -390,6 +398,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     zero_persistent_grads = 0
     backward_temporaries = 0
     gathered: set[int] = set()
+    zero3_linear_saves = False
     if method.zero_stage:
         buffers = zero_buffers(method.zero_stage, model, engine)
         part = math.ceil(n_trainable / world_size)
@@ -403,18 +412,15 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
             zero_persistent_grads = bucket
             detail["zero3_reduce_bucket"] = bucket
             # Stage 3 partitions every parameter above DeepSpeed's persistence threshold (small ones stay whole
-            # on every rank) and gathers it into a fresh buffer for each use. Measured on one rank: the decoder
-            # layers' weights are re-gathered each use, so what autograd saves of them is a copy; 4-bit weights
-            # and the (tied) embedding are not.
+            # on every rank; 4-bit weights are not partitioned) and, on more than one rank, gathers it into a
+            # fresh buffer for each use: what ZeRO-3's linear saves of such a weight is that copy, held until
+            # backward. On one rank the partition is the whole weight, and nothing is copied.
             threshold = buffers["param_persistence_threshold"]
             names = dict(model.named_parameters())
             partitioned = {id(p) for n, p in names.items() if p.numel() > threshold and n not in quantized}
-            in_layers = {id(p) for m in _decoder_layers(model) for p in m.parameters()}
-            gathered = partitioned & in_layers
-            if world_size == 1:
-                # Measured on one process: full fine-tuning's trainable weights are not copied when saved (its
-                # activations equal ZeRO-2's to the byte); frozen ones are (LoRA's base).
-                gathered -= {id(p) for p in names.values() if p.requires_grad}
+            if world_size > 1:
+                gathered = partitioned
+            zero3_linear_saves = bool(buffers["memory_efficient_linear"])
             for key, owner in (("parameters_trainable", lambda n, p: p.requires_grad and n not in quantized),
                                ("parameters_frozen", lambda n, p: not p.requires_grad and n not in quantized)):
                 big = sum(p.numel() * p.element_size() for n, p in names.items()
@@ -456,7 +462,9 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                      "allocator: max_memory_allocated does not count it, nvidia-smi does until the driver pages it out")
     detail["adamw_step_temporaries"] = optimizer_temporaries
 
-    saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered)
+    four_bit = frozenset(id(p) for n, p in model.named_parameters() if n in quantized)
+    with zero3_linear(zero3_linear_saves, unless=four_bit):
+        saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered)
     checkpointing = method.gradient_checkpointing
     forward_activations = saved.end_of_forward(checkpointing)
     backward_activations = saved.during_backward(checkpointing)

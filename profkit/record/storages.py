@@ -6,7 +6,8 @@ A ``TorchDispatchMode`` sees each op's outputs: a storage that no input of the o
 object -- kept alive by torch exactly as long as its StorageImpl (PyObject preservation, torch >= 2.2) -- says
 when it is freed (``free``). ``UntypedStorage.resize_`` frees or grows bytes without freeing the StorageImpl
 (FSDP2 frees unsharded parameters so), so it is wrapped (``resize``). Autograd's pack hook marks what is saved
-for backward (``saved``); callers mark what they know (``mark``: gradients by their post-accumulate hooks).
+for backward (``saved``); callers mark what they know (``mark``: gradients by their post-accumulate hooks and
+the optimizer's pre-step hook).
 
 torch's ``MemTracker`` (torch.distributed._tools.mem_tracker) follows storages the same way but keeps running
 totals only: no events, no instants, so no phase peaks or lifetimes to match against the allocator's history,
@@ -32,8 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from profkit.record.inventory import storage_owners
+from profkit.store import LIFETIME_EVENT_COLUMNS
 
-EVENT_COLUMNS = ("t_ns", "action", "storage", "bytes", "device", "address", "op", "phase")
+
 
 
 def _tensors(value) -> Iterator[torch.Tensor]:
@@ -82,11 +84,13 @@ class StorageLifetimes(TorchDispatchMode):
         self._resize = None
 
     # -- what happens to storages -----------------------------------------------------------------------
-    def _record(self, action: str, number: int, nbytes: int, device: str, op: str, address: int = 0) -> None:
+    def _record(self, action: str, number: int, nbytes: int, device: str, op: str, address: int = 0,
+                inputs: tuple[int, ...] = ()) -> None:
         with self._lock:
-            self.events.append((time.perf_counter_ns(), action, number, nbytes, device, address, op, self.phase()))
+            self.events.append((time.perf_counter_ns(), action, number, nbytes, device, address, op, self.phase(),
+                                inputs))
 
-    def _follow(self, storage: torch.UntypedStorage, action: str, op: str) -> int:
+    def _follow(self, storage: torch.UntypedStorage, action: str, op: str, inputs: tuple[int, ...] = ()) -> int:
         number = self._ids.get(storage)
         if number is not None:
             return number
@@ -101,7 +105,7 @@ class StorageLifetimes(TorchDispatchMode):
 
         self._refs[number] = weakref.ref(storage, freed)
         # The address identifies the storage to the inventory (model.storage.storage_id) and the allocator.
-        self._record(action, number, storage.nbytes(), device, op, storage.data_ptr())
+        self._record(action, number, storage.nbytes(), device, op, storage.data_ptr(), inputs)
         return number
 
     def mark(self, tensor: torch.Tensor, owner: str) -> None:
@@ -125,9 +129,13 @@ class StorageLifetimes(TorchDispatchMode):
             for storage in _storages(t):
                 if storage in self._ids:
                     continue  # followed already (an in-place op's result, a view of a known storage)
-                if inputs is None:
-                    inputs = {id(s) for a in _tensors((args, kwargs)) for s in _storages(a)}
-                self._follow(storage, "existing" if id(storage) in inputs else "alloc", str(func.overloadpacket))
+                if inputs is None:  # read only for an op that made a storage not yet followed
+                    inputs = {id(s): s for a in _tensors((args, kwargs)) for s in _storages(a)}
+                    read = tuple(self._follow(s, "existing", "") for s in inputs.values())
+                if id(storage) in inputs:
+                    self._follow(storage, "existing", str(func.overloadpacket))
+                else:
+                    self._follow(storage, "alloc", str(func.overloadpacket), read)
         return out
 
     # -- install and remove -------------------------------------------------------------------------------
@@ -167,12 +175,23 @@ class MemoryCycleFollower:
         self.tracker = StorageLifetimes(phase, existing)
         self.hooks = [p.register_post_accumulate_grad_hook(self._gradient)
                       for p in model.parameters() if p.requires_grad]
+        # What the optimizer steps on are gradients too: ZeRO hands its inner optimizer a flat gradient
+        # partition it made after backward, which no parameter's accumulate hook sees.
+        stepping = inner_optimizer if inner_optimizer is not None else optimizer
+        if isinstance(stepping, torch.optim.Optimizer):
+            self.hooks.append(stepping.register_step_pre_hook(self._stepped_gradients))
         self.started_ns = time.perf_counter_ns()
         self.tracker.__enter__()
 
     def _gradient(self, p: torch.Tensor) -> None:
         if p.grad is not None:
             self.tracker.mark(p.grad, "gradients")
+
+    def _stepped_gradients(self, optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.tracker.mark(p.grad, "gradients")
 
     def stop(self, path: Path) -> None:
         """Stop following and write ``{columns, events, owners, overhead}`` to ``path``."""
@@ -183,5 +202,5 @@ class MemoryCycleFollower:
                 h.remove()
         owners = [[device, address, owner] for (device, address), owner in self.owners.items()]
         with gzip.open(path, "wt") as fh:
-            json.dump({"columns": list(EVENT_COLUMNS), "events": self.tracker.events, "owners": owners,
+            json.dump({"columns": list(LIFETIME_EVENT_COLUMNS), "events": self.tracker.events, "owners": owners,
                        "followed_ns": time.perf_counter_ns() - self.started_ns}, fh)

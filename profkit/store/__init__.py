@@ -37,6 +37,10 @@ TIME_TRACE = "time.pt.trace.json.gz"
 MEMORY_TRACE = "memory.pt.trace.json.gz"
 MEMORY_TIMELINE = "memory_timeline.raw.json.gz"
 STORAGE_LIFETIMES = "storage_lifetimes.json.gz"
+# Its event rows (record.storages writes them, analyze.lifetimes reads them). ``inputs``: for an ``alloc``, the
+# storages the op read, so a forward op's result computed from the batch (an activation) is told from one
+# computed from the weights alone (a temporary).
+LIFETIME_EVENT_COLUMNS = ("t_ns", "action", "storage", "bytes", "device", "address", "op", "phase", "inputs")
 CUDA_SNAPSHOT = "memory_snapshot.pickle"
 OOM_SNAPSHOT = "oom_snapshot.pickle"
 LOG = "record.log"
