@@ -77,6 +77,12 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     }
     cells = {col: [fmt(r) for _, r in bd.runs.iterrows()] for col, fmt in columns.items()}
     shown = [col for col in columns if col in ("run", "status") or any(v != "-" for v in cells[col])]
+    label = _run_labels(list(bd.runs.run), out.width, sum(max(len(v) for v in cells[c]) + 1 for c in shown[1:]))
+    if any(label[r] != r for r in label):
+        out.print("Runs are shown by number: a name would not fit the tables at this width.", highlight=False)
+        for run, short in label.items():
+            out.print(f"  {short}  {escape(run)}", highlight=False)
+    cells["run"] = [label[r] for r in bd.runs.run]
     runs = Table(title="Runs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     for col in shown:
         runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=True,
@@ -100,7 +106,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                 ("clean", "clean_step", "clean_step_time_s"), ("profiled", "profiled_step", "profiled_step_time_s"))
                 if pd.notna(r.get(f"{prefix}_min_s"))]
             for i, (kind, prefix, median) in enumerate(kinds):
-                t.add_row(str(r["run"]) if i == 0 else "", kind, human_seconds(r.get(f"{prefix}_min_s")),
+                t.add_row(label[r["run"]] if i == 0 else "", kind, human_seconds(r.get(f"{prefix}_min_s")),
                           human_seconds(r.get(median)), human_seconds(r.get(f"{prefix}_max_s")))
         out.print(t)
 
@@ -112,18 +118,18 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         for col in ("run", "TTFT", "TPOT", "TPOT p90", "KV cache", "tokens"):
             t.add_column(col, justify="left" if col == "run" else "right", no_wrap=True)
         for _, r in serving.iterrows():
-            t.add_row(str(r["run"]), human_seconds(r.ttft_median_s), human_seconds(r.tpot_median_s),
+            t.add_row(label[r["run"]], human_seconds(r.ttft_median_s), human_seconds(r.tpot_median_s),
                       human_seconds(r.tpot_p90_s), human_bytes(r.kv_cache_bytes),
                       f"{int(r.kv_cache_tokens)}" if pd.notna(r.kv_cache_tokens) else "-")
         out.print(t)
 
     mem = views.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
-    for chunk in chunks([r for r in bd.runs.run if r in mem.index], out.width) if not mem.empty else []:
+    for chunk in _chunks([r for r in bd.runs.run if r in mem.index], label, out.width) if not mem.empty else []:
         t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
+            t.add_column(label[run], justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(label[run])))
         for cat in mem.columns:
             t.add_row(cat, *[human_bytes(mem.loc[run, cat]) for run in chunk])
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
@@ -132,7 +138,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     _print_trace_memory(out, bd)
 
     errors = tables.predicted_errors(bd)
-    for chunk in chunks(list(errors.index), out.width) if not errors.empty else []:
+    for chunk in _chunks(list(errors.index), label, out.width) if not errors.empty else []:
         # The title above the table, not in it: rich wraps a title to the table's width, narrow for one run.
         out.print("Memory predicted by `profkit estimate`: error against measured", style="italic", highlight=False)
         t = Table(caption="training: static categories and activations at the forward phase's peak, gradients "
@@ -140,7 +146,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                           "the KV cache at the last decode pass's; `--format json|markdown` gives the bytes")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(run)))
+            t.add_column(label[run], justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(label[run])))
         for cat in errors.columns:
             if errors.loc[chunk, cat].notna().any():  # kv_cache only where a generation run is in the chunk
                 t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
@@ -148,11 +154,11 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     tim = views.time_per_step(bd)
     _category_tables(out, "Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)",
-                     tim, [r for r in bd.runs.run if r in tim.index])
+                     tim, [r for r in bd.runs.run if r in tim.index], label)
     gpu_runs = [r for r in tim.index if views.primary_resource(bd, r) == "gpu"]
     host = views.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
     _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
-                     host, gpu_runs)
+                     host, gpu_runs, label)
     _print_ranks(out, bd)
     for sentence in findings.idle_sentences(bd):
         out.print(escape(sentence), highlight=False)
@@ -177,19 +183,36 @@ TIME_CAPTION = ("share of the profiled step, then its time as profiled: the prof
                 "unprofiled time")
 
 
-def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[str]) -> None:
+def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[str], label: dict[str, str]) -> None:
     """Each category's share of the step and its seconds per step, one column per run, split into tables that fit
     the terminal."""
-    for chunk in chunks(runs, out.width, column_width=RUN_COLUMN_WIDTH + 4) if runs else []:
+    for chunk in _chunks(runs, label, out.width, RUN_COLUMN_WIDTH + 4) if runs else []:
         t = Table(title=title, caption=TIME_CAPTION)
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
-            t.add_column(run, justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH + 4, len(run)))
+            t.add_column(label[run], justify="right", no_wrap=True,
+                         min_width=max(RUN_COLUMN_WIDTH + 4, len(label[run])))
         share, total = views.time_shares(frame.loc[chunk])
         for cat in frame.columns:
             t.add_row(cat, *[_share(frame.loc[run, cat], share.loc[run, cat]) for run in chunk])
         t.add_row("[bold]profiled step[/]", *[_share(total[run], 1.0 if total[run] else None) for run in chunk])
         out.print(t)
+
+
+def _run_labels(runs: list[str], width: int, runs_table_values: int) -> dict[str, str]:
+    """Each run as the tables name it: its name where every name fits (a table of one run beside the category
+    column, and the Runs table beside its figures); otherwise ``#1``, ``#2``... for all, so a long name (ranks of
+    a job, a user's run directory) never pushes a figure past the terminal's edge or is cut."""
+    longest = max((len(r) for r in runs), default=0)
+    fits = longest <= min(width - CATEGORY_WIDTH - 6, width - runs_table_values - 4)
+    return {r: r if fits else f"#{i}" for i, r in enumerate(runs, 1)}
+
+
+def _chunks(runs: list[str], label: dict[str, str], width: int,
+            column_width: int = RUN_COLUMN_WIDTH) -> list[list[str]]:
+    """``chunks`` over the runs as labelled."""
+    by_label = {label[r]: r for r in runs}
+    return [[by_label[x] for x in c] for c in chunks(list(by_label), width, column_width=column_width)]
 
 
 def _share(seconds, share) -> str:

@@ -97,3 +97,28 @@ def test_explain_lists_each_traces_names_in_the_terminal_and_the_json():
         assert sum(n["share_of_category"] for n in names if n["resource"] == "gpu") == pytest.approx(1.0)
     refused = runner.invoke(app, ["breakdown", *paths, "--explain", "gemm", "-f", "csv"])
     assert refused.exit_code == 2 and "CSV cannot hold" in refused.output
+
+
+@pytest.mark.parametrize("columns", [80, 100, 160])
+def test_long_run_names_are_numbered_where_they_would_not_fit(tmp_path, columns):
+    """A user's run directory with a long name: where it would not fit, the tables show runs by number and a legend
+    names each run whole; no line passes the terminal's edge or is cut with an ellipsis."""
+    long_name = "my-teams-llama-sweep-2026-11-24-lr3e-4-bs16-seq2048-h100-node07-rank0"
+    (tmp_path / f"{long_name}.json.gz").write_bytes((GPU_TRACES / "a100_alexnet_single.json.gz").read_bytes())
+    paths = [str(tmp_path / f"{long_name}.json.gz"), str(GPU_TRACES / "h100_qwen1.5-0.5b_hf_memory.json.gz")]
+    terminal = CliRunner().invoke(app, ["breakdown", *paths], env={"COLUMNS": str(columns)})
+    assert terminal.exit_code == 0, terminal.output
+    lines = terminal.output.splitlines()
+    assert max(len(line) for line in lines) <= columns
+    assert not [line for line in lines if "…" in line]
+    headers = [line for line in lines if line.lstrip("┃ ").startswith("category")]
+    numbered = f"  #1  {long_name}" in lines
+    assert numbered or columns > 80  # at 160 the name fits, at 100 the Runs table decides
+    assert not numbered or columns < 160
+    assert headers and all((("#1" in h and "#2" in h) if numbered else long_name in h) for h in headers)
+
+
+def test_short_run_names_are_shown_whole():
+    terminal = CliRunner().invoke(app, ["breakdown", str(GPU_TRACES / "a100_alexnet_single.json.gz")],
+                                  env={"COLUMNS": "80"}).output
+    assert "by number" not in terminal and "a100_alexnet_single" in terminal
