@@ -78,10 +78,10 @@ def _from_the_batch(inputs, owner: dict[int, str]) -> bool:
 
 
 def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Lifetimes:
-    """``events``: ``store.LIFETIME_EVENT_COLUMNS`` rows. A storage's bytes count
-    under its owner for its whole life, as the profiler's memory timeline files them: the log-softmax output
-    autograd saves a moment after allocating it is an activation at that moment too, so a peak there is not
-    split between temporaries and activations by when the owner became known."""
+    """``events``: ``store.LIFETIME_EVENT_COLUMNS`` rows. A storage's bytes count under its owner for its whole
+    life, as the profiler's memory timeline files them: the log-softmax output autograd saves a moment after
+    allocating it is an activation at that moment too, so a peak there is not split between temporaries and
+    activations by when the owner became known."""
     events = sorted(events, key=lambda e: e[0])
     owner = owners_of(events, owner_of)
     live: dict[int, tuple[int, bool]] = {}  # storage -> bytes, allocated during the steps

@@ -37,7 +37,6 @@ from profkit.store import LIFETIME_EVENT_COLUMNS
 
 
 
-
 def _tensors(value) -> Iterator[torch.Tensor]:
     """The tensors in an op's arguments or results: aten's are tensors, or lists, tuples and dicts of them.
     (torch's pytree does this too, at three times the cost per op: measured, it was a third of the tracker's.)"""
