@@ -207,9 +207,8 @@ class Session:
         self._last_loss = None
         self._in_phase += 1
         last = self._in_phase == self.plan[phase]
-        if phase == "memory_profile" and self._in_phase == 1 and self._lifetimes is not None:
-            self._lifetimes.stop(self.run_dir.storage_lifetimes)
-            self._lifetimes = None
+        if phase == "memory_profile" and self._in_phase == 1:
+            self._stop_following()  # the profiler's warm-up step is done
         if phase == "memory_profile" and last and self.record.inventory is None:
             self._take_inventory()  # no optimizer step was seen: take it now
         if self._prof is not None:
@@ -344,11 +343,14 @@ class Session:
         self._lifetimes = MemoryCycleFollower(p.model, p.optimizer, p.inner_optimizer, lambda: self._labels.now)
         self._labels.open_data()
 
-    def _end_memory_cycle(self) -> None:
-        peaks = self.record.peaks
+    def _stop_following(self) -> None:
         follower, self._lifetimes = self._lifetimes, None
         if follower is not None:
             follower.stop(self.run_dir.storage_lifetimes)
+
+    def _end_memory_cycle(self) -> None:
+        peaks = self.record.peaks
+        self._stop_following()  # a session closed inside the warm-up step
         if self.cuda:
             try:
                 torch.cuda.memory._dump_snapshot(str(self.run_dir.cuda_snapshot))

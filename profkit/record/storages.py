@@ -36,7 +36,6 @@ from profkit.record.inventory import storage_owners
 from profkit.store import LIFETIME_EVENT_COLUMNS
 
 
-
 def _tensors(value) -> Iterator[torch.Tensor]:
     """The tensors in an op's arguments or results: aten's are tensors, or lists, tuples and dicts of them.
     (torch's pytree does this too, at three times the cost per op: measured, it was a third of the tracker's.)"""
@@ -166,8 +165,9 @@ class StorageLifetimes(TorchDispatchMode):
 
 
 class MemoryCycleFollower:
-    """The storage tracker around a session's memory-profiled steps: the inventory's storages known from the
-    start, gradients marked as autograd accumulates them, the events and owners written to the run."""
+    """The storage tracker around a step of a session's memory cycle: the inventory's storages known from the
+    start, gradients marked as autograd accumulates them and as the optimizer steps on them, the events and
+    owners written to the run."""
 
     def __init__(self, model: torch.nn.Module, optimizer, inner_optimizer, phase: Callable[[], str]) -> None:
         self.owners, existing = storage_owners(model, optimizer, inner_optimizer)
@@ -189,11 +189,10 @@ class MemoryCycleFollower:
     def _stepped_gradients(self, optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if p.grad is not None:
-                    self.tracker.mark(p.grad, "gradients")
+                self._gradient(p)
 
     def stop(self, path: Path) -> None:
-        """Stop following and write ``{columns, events, owners, overhead}`` to ``path``."""
+        """Stop following and write ``{columns, events, owners, followed_ns}`` to ``path``."""
         try:
             self.tracker.__exit__(None, None, None)
         finally:
