@@ -3,9 +3,9 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# This pin takes the local CPU wheel on the project's CPU machines; on a machine with an NVIDIA GPU the
-# same pin installs PyPI's CUDA build. Override for another build: make TORCH="torch==2.13.0+cu128 ..."
-TORCH ?= torch==2.13.0
+# The newest torch profkit supports (CI tests it; analyses/lowest_torch.sh the lowest). PyPI's build is CUDA's,
+# which also runs on a CPU. Override for another build: make TORCH="torch==2.15.0 --index-url <wheel index>"
+TORCH ?= torch==2.15.0
 RECORD_ARGS ?= --all
 
 .PHONY: setup record test test-fast clean gpu-wheels gpu-check

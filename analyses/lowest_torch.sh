@@ -2,8 +2,8 @@
 # The lowest torch profkit declares (pyproject: torch>=2.11, the GPU check's machine's), tested on CPU: a fresh
 # venv with PyPI's torch 2.11.0 (its CUDA build, which runs on a CPU), the project over it, then the test suite
 # (or the tests named as arguments). The output goes to reports/compat/torch-2.11.0.txt; what the runs found is
-# written up in reports/compat/torch-2.11.0.md. CI tests the pinned
-# torch of the Makefile (2.13.0); this run is the documented check of the lowest, too long to run twice in CI.
+# written up in reports/compat/torch-2.11.0.md. CI tests the Makefile's torch, the highest (2.15.0); this
+# run is the documented check of the lowest, too long to run twice in CI.
 #
 # Usage: bash analyses/lowest_torch.sh [pytest arguments]
 set -euo pipefail

@@ -247,8 +247,11 @@ def test_trainer_engine_records_beside_the_loop_and_the_breakdown_says_why_they_
     assert bd.records["lora_zero2"].model["zero"]["reduce_bucket_size"] == 500_000_000
     mem = bd.memory[bd.memory.phase == "peak"].pivot(index="category", columns="run", values="bytes")
     # DeepSpeed's default bucket (500M fp32 elements) per backward under profkit's loop; hidden^2 under the Trainer.
+    # The rest of the step's temporaries (activation gradients, the loss') are the same model's on the same batch.
     assert mem.loc["temporaries", "lora_zero2"] >= 0.99 * 500_000_000 * 4
-    assert mem.loc["temporaries", "lora_zero2-trainer"] < 1 << 20
+    bucket_difference = (500_000_000 - hidden * hidden) * 4
+    apart = mem.loc["temporaries", "lora_zero2"] - mem.loc["temporaries", "lora_zero2-trainer"]
+    assert abs(apart - bucket_difference) <= 0.01 * bucket_difference, (apart, bucket_difference)
     # The estimate knows each engine's bucket: the peak prediction follows the Trainer's config too.
     pred = bd.predicted[(bd.predicted.run == "lora_zero2-trainer") & (bd.predicted.category == "peak")]
     assert abs(float(pred.error.iloc[0])) < 0.5
@@ -294,3 +297,29 @@ def test_without_the_profilers_export_memory_comes_from_the_storage_lifetimes(tm
     assert peak["optimizer_state"] == inventory_bytes(record, "optimizer_state") > 0
     assert peak["activations"] > 0 and peak.sum() == measured
     assert any("storage lifetimes" in n for n in bd.notes["run"])
+
+
+def test_a_compiled_model_decomposes_by_both_sources_alike(tmp_path):
+    """A user's loop over a ``torch.compile``d model (``aot_eager``: AOTAutograd's partitioner decides what is saved
+    for backward; no C++ compiler needed): the run is complete, static owners are the inventory's to the byte,
+    |unattributed| is within 1% of the peak, and the storage lifetimes, followed through the compiled regions (the
+    tracker lets Dynamo run them), agree with the profiler's export per category within 1% of the peak. Without
+    that, the tracker's step ran eagerly: temporaries 21% of the peak apart on torch 2.15. Inductor's own
+    buffers are allocated outside the dispatcher, out of the tracker's sight (README, "Memory")."""
+    model, optimizer = micro_lora()
+    compiled = torch.compile(model, backend="aot_eager")
+    with profkit.Session(tmp_path / "compiled", model, optimizer, **QUICK) as session:
+        train_steps(compiled, optimizer, session, session.total_steps)
+    record = json.loads((tmp_path / "compiled" / "manifest.json").read_text())
+    assert record["status"] == "ok", record["reason"]
+    bd = breakdown([tmp_path / "compiled"])
+    assert not bd.problems, bd.problems
+    peak = bd.memory[bd.memory.phase == "peak"].set_index("category").bytes
+    measured = int(bd.runs.measured_peak_bytes.iloc[0])
+    assert abs(peak["unattributed"]) <= 0.01 * measured
+    assert peak["parameters_trainable"] == inventory_bytes(record, "parameters_trainable") > 0
+    assert peak["optimizer_state"] == inventory_bytes(record, "optimizer_state") > 0
+    assert peak["activations"] > 0
+    sources = bd.memory_sources.set_index("category")
+    assert len(sources) and (sources.difference_of_peak.abs() <= 0.01).all(), sources
+    assert not any("storage lifetimes say" in n for n in bd.notes["compiled"]), bd.notes["compiled"]

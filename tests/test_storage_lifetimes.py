@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from profkit.analyze.lifetimes import attribute
+from profkit.analyze.lifetimes import attribute, load_lifetimes
 from profkit.model.storage import storage_id
 from profkit.record.inventory import storage_owners, take_inventory
-from profkit.record.storages import StorageLifetimes
+from profkit.record.storages import MemoryCycleFollower, StorageLifetimes
 
 
 def saved_by_the_graph(loss: torch.Tensor, exclude: set) -> int:
@@ -104,3 +104,32 @@ def test_the_peak_agrees_with_the_profilers_allocation_counter(step):
     measured = max(allocated)
     assert lifetimes.allocated_peak <= measured
     assert lifetimes.allocated_peak >= 0.99 * measured, (lifetimes.allocated_peak, measured)
+
+
+def test_a_gradient_in_a_frameworks_bucket_is_not_the_bucket(tmp_path):
+    """ZeRO-2 copies each gradient into a reduce bucket sized by its config and makes ``param.grad`` a view of it:
+    the follower marks a gradient that spans its storage as gradients, and leaves a bucket much larger than the
+    gradients it holds a temporary (as the estimate and the profiler's export file it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    bucketed, bucket = model[1].weight, {}
+
+    def into_the_bucket(p):
+        if "buffer" not in bucket:
+            bucket["buffer"] = torch.zeros(100_000)  # 400 kB for a 256-byte gradient
+        view = bucket["buffer"][:p.numel()].view_as(p)
+        view.copy_(p.grad)
+        p.grad = view
+
+    bucketed.register_post_accumulate_grad_hook(into_the_bucket)  # before the follower's: it runs first
+    phase = ["forward"]
+    follower = MemoryCycleFollower(model, optimizer, None, lambda: phase[0])
+    loss = model(torch.randn(8, 16)).sum()
+    phase[0] = "backward"
+    loss.backward()
+    follower.stop(tmp_path / "lifetimes.json.gz")
+    lifetimes = load_lifetimes(tmp_path / "lifetimes.json.gz")
+    spanning = sum(p.grad.untyped_storage().nbytes() for p in model.parameters() if p is not bucketed)
+    assert lifetimes.largest["gradients"] == spanning > 0
+    assert lifetimes.largest["temporaries"] >= bucket["buffer"].untyped_storage().nbytes()

@@ -21,7 +21,7 @@ from profkit import store
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.lifetimes import load_lifetimes
 from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline, analyze_lifetimes, analyze_memory,
-                                    compare_sources, kv_cache_at, load_timeline, phase_windows)
+                                    compare_sources, disagreements, kv_cache_at, load_timeline, phase_windows)
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
@@ -391,7 +391,9 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
             timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
             m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
             if own is not None:
-                c.add("memory_sources", compare_sources(m.rows, own.rows), src.run, method)
+                sources = compare_sources(m.rows, own.rows)
+                c.add("memory_sources", sources, src.run, method)
+                notes += disagreements(sources)
         else:
             m = own  # the export is gone (a torch without it, or it failed): the run's own attribution stands
         c.add("memory", m.rows, src.run, method)

@@ -43,7 +43,7 @@ _T = {name: i for i, name in enumerate(TIMELINE_CATEGORIES)}
 # The profiler's own timeline categories, grouped as the breakdown groups them (before reconciliation).
 TIMELINE_GROUPS = {
     "parameters": ("PARAMETER",), "optimizer_state": ("OPTIMIZER_STATE",), "gradients": ("GRADIENT",),
-    "activations": ("ACTIVATION", "AUTOGRAD_DETAIL"), "inputs": ("INPUT",), "temporaries": ("TEMPORARY",),
+    "activations": ("ACTIVATION",), "inputs": ("INPUT",), "temporaries": ("TEMPORARY", "AUTOGRAD_DETAIL"),
     "unknown": ("UNKNOWN",),
 }
 
@@ -142,13 +142,13 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[s
     parameters (the profiler files NF4 weights under INPUT: it does not see ``Params4bit`` as
     parameters), optimizer state, ZeRO's other buffers, then gradients -- live only as far as the
     profiler shows them (``param.grad`` exists from backward to ``zero_grad``) -- and an inference run's
-    KV cache (under ACTIVATION). What remains keeps the profiler's meaning: GRADIENT beyond the
-    parameters' gradients (activation gradients, DeepSpeed's staging bucket) is a temporary, INPUT is an
-    activation (the batch), UNKNOWN is unattributed. Static bytes the profiler never saw make
-    ``unattributed`` negative: the inventory wins.
+    KV cache (under ACTIVATION). What remains is named by profkit's definitions, the estimate's and the
+    storage lifetimes': what backward computes and drops within backward (AUTOGRAD_DETAIL: activation
+    gradients, and ZeRO-2's reduce bucket, which backward writes into) and GRADIENT beyond the
+    parameters' gradients are temporaries, INPUT is an activation (the batch), UNKNOWN is unattributed.
+    Static bytes the profiler never saw make ``unattributed`` negative: the inventory wins.
     """
-    pool = {name: int(tl[_T[name]]) for name in ("PARAMETER", "OPTIMIZER_STATE", "GRADIENT", "INPUT", "UNKNOWN",
-                                                  "ACTIVATION", "TEMPORARY")}
+    pool = {name: int(tl[_T[name]]) for name in TIMELINE_CATEGORIES}
 
     def take(amount: int, sources: tuple[str, ...]) -> int:
         """Remove ``amount`` from the pools in order; return how much could not be found."""
@@ -174,8 +174,8 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[s
         "gradients": gradients,
         "optimizer_state": inv.get("optimizer_state", 0),
         "kv_cache": kv_cache,
-        "activations": pool["ACTIVATION"] + int(tl[_T["AUTOGRAD_DETAIL"]]) + pool["INPUT"],
-        "temporaries": pool["TEMPORARY"] + pool["GRADIENT"] + framework,
+        "activations": pool["ACTIVATION"] + pool["INPUT"],
+        "temporaries": pool["TEMPORARY"] + pool["GRADIENT"] + pool["AUTOGRAD_DETAIL"] + framework,
         "allocator_overhead": 0,
         "unattributed": pool["UNKNOWN"] + pool["PARAMETER"] + pool["OPTIMIZER_STATE"] - missing,
     }
@@ -259,3 +259,15 @@ def compare_sources(export: pd.DataFrame, own: pd.DataFrame) -> pd.DataFrame:
              "difference_bytes": int(o.get(c, 0) - e.get(c, 0)),
              "difference_of_peak": float(o.get(c, 0) - e.get(c, 0)) / peak} for c in cats]
     return pd.DataFrame(rows, columns=SOURCES_COLUMNS)
+
+
+SOURCES_AGREE = 0.01  # of the peak: where the two attributions differ by more, the breakdown says so
+
+
+def disagreements(sources: pd.DataFrame) -> list[str]:
+    """A note for each category where the storage lifetimes and the profiler's export differ by more than
+    ``SOURCES_AGREE`` of the peak (``compare_sources``' table): a disagreement is shown, never averaged away."""
+    apart = sources[sources.difference_of_peak.abs() > SOURCES_AGREE]
+    return [f"{r.category}: the storage lifetimes say {r.lifetimes_bytes:,} bytes at their peak, the profiler's export "
+            f"{r.export_bytes:,} ({r.difference_of_peak:+.1%} of the peak); the breakdown shows the export's"
+            for r in apart.itertuples()]

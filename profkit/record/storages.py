@@ -66,6 +66,13 @@ def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
 class StorageLifetimes(TorchDispatchMode):
     """Use as a context manager around the steps to follow. ``phase`` names the phase work runs in now."""
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Dynamo skips compiled frames while a dispatch mode is on the stack unless the mode says this: the
+        # tracker's step then ran a ``torch.compile``d model eagerly while the profiler's step ran it compiled
+        # (micro LoRA, aot_eager, torch 2.15: activations 2% and temporaries 21% of the peak apart; 0.01% with it).
+        return True
+
     def __init__(self, phase: Callable[[], str] = lambda: "unattributed",
                  existing: Iterable[torch.Tensor] = ()) -> None:
         """``existing``: what is known to be live when following starts (the inventory's parameters, buffers and
@@ -183,8 +190,13 @@ class MemoryCycleFollower:
         self.tracker.__enter__()
 
     def _gradient(self, p: torch.Tensor) -> None:
-        if p.grad is not None:
-            self.tracker.mark(p.grad, "gradients")
+        # A gradient that spans its storage is the gradient's memory. One that views a part of a larger buffer
+        # lives in a framework's staging memory (ZeRO-2's reduce bucket, sized by its config, not by the
+        # gradients: 2 GB on a 30 KB LoRA): that stays what its allocation made it, a temporary, as the estimate
+        # and the profiler's export file it; what ZeRO steps on is marked whole, before the step.
+        grad = p.grad
+        if grad is not None and sum(s.nbytes() for s in _storages(grad)) <= grad.numel() * grad.element_size():
+            self.tracker.mark(grad, "gradients")
 
     def _stepped_gradients(self, optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
         for group in optimizer.param_groups:
