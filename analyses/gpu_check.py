@@ -398,14 +398,22 @@ def check_runs(runs: list[CheckRun], root: Path, device: str) -> list[dict]:
                          "ttft_median_s": _number(row.get("ttft_median_s")),
                          "tpot_median_s": _number(row.get("tpot_median_s"))}
             check("memory decomposed (unattributed known)", unattributed is not None and base is not None)
-            if device == "cuda":
+            # The attributions side by side: the storage lifetimes, the profiler's export, the allocator's history.
+            sources = b.memory_sources[b.memory_sources.run == run_name]
+            r["memory_sources"] = [{k: (_number(v) if k != "category" else v) for k, v in row_.items()
+                                    if k not in ("run", "method")} for row_ in sources.to_dict("records")]
+            if device == "cuda" and run.kind != "oom":
+                check("the allocator's history matched to the storage lifetimes' owners",
+                      bool(len(sources)) and sources.allocator_bytes.notna().any(),
+                      "; ".join(n for n in b.notes.get(run_name, []) if "allocator's history" in n))
                 check("GPU timeline found in the time trace", r["time"]["coverage_gpu"] is not None)
         results.append(r)
     return results
 
 
 # Targets the evidence is held to (from the open issues); a figure off target is flagged, not hidden.
-TARGETS = {"unattributed_share_of_peak": 0.01, "predicted_error": 0.15, "coverage_gpu": 0.95, "overhead_ratio": 1.03}
+TARGETS = {"unattributed_share_of_peak": 0.01, "predicted_error": 0.15, "coverage_gpu": 0.95, "overhead_ratio": 1.03,
+           "sources_apart": 0.01}
 
 
 def flags(results: list[dict], overheads: list[dict]) -> list[str]:
@@ -418,6 +426,11 @@ def flags(results: list[dict], overheads: list[dict]) -> list[str]:
             if p["error"] is not None and abs(p["error"]) > TARGETS["predicted_error"] and p["category"] in (
                     "peak", "reserved", "activations"):
                 out.append(f"{r['run']}: {p['category']} ({p['phase']}) predicted {p['error']:+.1%} off the measurement")
+        for row in r.get("memory_sources") or []:
+            for column, name in (("difference_of_peak", "the export"), ("allocator_difference_of_peak", "the allocator")):
+                if row.get(column) is not None and abs(row[column]) > TARGETS["sources_apart"]:
+                    out.append(f"{r['run']}: {row['category']}: the lifetimes and {name} {row[column]:+.1%} of the "
+                               "peak apart (target <= 1%)")
         cov = (r.get("time") or {}).get("coverage_gpu")
         if cov is not None and cov < TARGETS["coverage_gpu"]:
             out.append(f"{r['run']}: GPU timeline {cov:.1%} categorised (target >= 95%)")

@@ -19,13 +19,15 @@ import psutil
 
 from profkit import store
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.analyze.lifetimes import load_lifetimes
+from profkit.analyze.allocator_owners import AllocatorOwners, attribute_history
+from profkit.analyze.lifetimes import LifetimeEvents, attribute, read_lifetimes
 from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline, analyze_lifetimes, analyze_memory,
-                                    compare_sources, disagreements, kv_cache_at, load_timeline, phase_windows)
+                                    compare_sources, cpu_allocation_peak, disagreements, kv_cache_at, load_timeline,
+                                    phase_windows)
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
-from profkit.analyze.snapshot import SnapshotError, analyse_snapshot
+from profkit.analyze.snapshot import SnapshotError, analyse_snapshot, load_snapshot
 from profkit.analyze.trace_memory import LIVE_COLUMNS, PEAK_COLUMNS, analyze_trace_memory
 from profkit.core import labels
 from profkit.core.units import human_bytes as h
@@ -378,24 +380,28 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         _foreign_memory(src, trace, t, row, c, notes, problems)
         return row
     try:
-        own = None
-        if run_dir.storage_lifetimes.is_file():
-            try:
-                own = analyze_lifetimes(record, load_lifetimes(run_dir.storage_lifetimes))
-            except ValueError as exc:
-                problems.append(Problem(run_dir.storage_lifetimes, str(exc), fatal=not run_dir.memory_timeline.is_file()))
+        own = allocator = None
         memory_trace = load_trace(run_dir.memory_trace)
         problems += [Problem(run_dir.memory_trace, w, fatal=False) for w in memory_trace.warnings]
+        if run_dir.storage_lifetimes.is_file():
+            try:
+                lifetimes = read_lifetimes(run_dir.storage_lifetimes)
+                own = analyze_lifetimes(record, attribute(lifetimes.events, lifetimes.owners),
+                                        cpu_allocation_peak(memory_trace))
+                allocator = _allocator_owners(record, run_dir, lifetimes, notes)
+            except ValueError as exc:
+                problems.append(Problem(run_dir.storage_lifetimes, str(exc), fatal=not run_dir.memory_timeline.is_file()))
         c.windows[src.run] = phase_windows(memory_trace, labels.PHASE_OF_LABEL)
+        export = None
         if run_dir.memory_timeline.is_file() or own is None:
             timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
-            m = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
-            if own is not None:
-                sources = compare_sources(m.rows, own.rows)
-                c.add("memory_sources", sources, src.run, method)
-                notes += disagreements(sources)
+            m = export = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
         else:
             m = own  # the export is gone (a torch without it, or it failed): the run's own attribution stands
+        if own is not None and (export is not None or allocator is not None):
+            sources = compare_sources(export.rows if export is not None else None, own.rows, allocator)
+            c.add("memory_sources", sources, src.run, method)
+            notes += disagreements(sources)
         c.add("memory", m.rows, src.run, method)
         c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]
@@ -414,6 +420,28 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     except Exception as exc:
         problems.append(Problem(run_dir.path, _unexpected(exc)))
     return row
+
+
+def _allocator_owners(record, run_dir: store.RunDir, lifetimes: LifetimeEvents,
+                      notes: list[str]) -> AllocatorOwners | None:
+    """On CUDA, the allocator history of the memory cycle matched to the storage lifetimes of its followed step."""
+    if not run_dir.cuda_snapshot.is_file() or lifetimes.window_us is None or "cuda_max_reserved" not in record.peaks:
+        return None
+    try:
+        snapshot = load_snapshot(run_dir.cuda_snapshot)
+    except SnapshotError as exc:
+        notes.append(f"the allocator's history could not be matched to owners: {exc.reason}")
+        return None
+    devices = {int(d.split(":")[1]) for _t, _a, _n, _b, d, *_ in lifetimes.events if d.startswith("cuda:")}
+    if len(devices) != 1:
+        return None  # a rank follows its own device; more than one is not a layout profkit records
+    found = attribute_history(snapshot, lifetimes.events, lifetimes.owners, lifetimes.window_us, devices.pop())
+    if found is None:
+        notes.append("the allocator's history holds nothing inside the followed step (its ring buffer dropped it?): "
+                     "not matched to owners")
+        return None
+    notes += found.notes
+    return found
 
 
 def _allocator_snapshot(src: Source, run_dir: store.RunDir, row: dict, c: _Collected, notes: list[str],

@@ -128,8 +128,18 @@ def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Life
     return Lifetimes(peak, phases, ends, largest, allocated_peak, len(events))
 
 
-def load_lifetimes(path: Path) -> Lifetimes:
-    """Read ``storage_lifetimes.json.gz`` (``record.storages``) and attribute it; ValueError names what is wrong."""
+@dataclass
+class LifetimeEvents:
+    """A storage-lifetimes file as read: its events, the inventory's owners by (device, address), and the followed
+    step's window in Unix microseconds (None in files written before it was recorded)."""
+
+    events: list[tuple]
+    owners: dict[tuple[str, int], str]
+    window_us: tuple[int, int] | None
+
+
+def read_lifetimes(path: Path) -> LifetimeEvents:
+    """Read ``storage_lifetimes.json.gz`` (``record.storages``); ValueError names what is wrong."""
     try:
         with gzip.open(path, "rt") as fh:
             data = json.load(fh)
@@ -138,7 +148,9 @@ def load_lifetimes(path: Path) -> Lifetimes:
     try:
         columns, rows = data["columns"], data["events"]
         owners = {(device, int(address)): str(owner) for device, address, owner in data["owners"]}
-    except (KeyError, TypeError, ValueError) as exc:
+        window = data.get("followed_unix_us")
+        window = (int(window[0]), int(window[1])) if window is not None else None
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ValueError(f"a damaged storage-lifetimes file: {type(exc).__name__}: {exc}") from None
     width = len(LIFETIME_EVENT_COLUMNS)
     if columns != list(LIFETIME_EVENT_COLUMNS) or not isinstance(rows, list) or any(
@@ -146,8 +158,13 @@ def load_lifetimes(path: Path) -> Lifetimes:
             or not isinstance(e[-1], list) for e in rows):
         raise ValueError("a damaged storage-lifetimes file (or one from an older profkit): its events are not "
                          f"({', '.join(LIFETIME_EVENT_COLUMNS)}) rows")
-    events = [(*e[:-1], tuple(e[-1])) for e in rows]
-    return attribute(events, owners)
+    return LifetimeEvents([(*e[:-1], tuple(e[-1])) for e in rows], owners, window)
+
+
+def load_lifetimes(path: Path) -> Lifetimes:
+    """Read ``storage_lifetimes.json.gz`` and attribute it; ValueError names what is wrong."""
+    read = read_lifetimes(path)
+    return attribute(read.events, read.owners)
 
 
 # The tracker's owners as the breakdown's memory categories: buffers are frozen state, what autograd saved of

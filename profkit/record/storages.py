@@ -187,6 +187,7 @@ class MemoryCycleFollower:
         if isinstance(stepping, torch.optim.Optimizer):
             self.hooks.append(stepping.register_step_pre_hook(self._stepped_gradients))
         self.started_ns = time.perf_counter_ns()
+        self.started_unix_us = time.time_ns() // 1000  # the CUDA allocator history's clock, to find this step in it
         self.tracker.__enter__()
 
     def _gradient(self, p: torch.Tensor) -> None:
@@ -204,7 +205,7 @@ class MemoryCycleFollower:
                 self._gradient(p)
 
     def stop(self, path: Path) -> None:
-        """Stop following and write ``{columns, events, owners, followed_ns}`` to ``path``."""
+        """Stop following and write ``{columns, events, owners, followed_ns, followed_unix_us}`` to ``path``."""
         try:
             self.tracker.__exit__(None, None, None)
         finally:
@@ -213,4 +214,5 @@ class MemoryCycleFollower:
         owners = [[device, address, owner] for (device, address), owner in self.owners.items()]
         with gzip.open(path, "wt") as fh:
             json.dump({"columns": list(LIFETIME_EVENT_COLUMNS), "events": self.tracker.events, "owners": owners,
-                       "followed_ns": time.perf_counter_ns() - self.started_ns}, fh)
+                       "followed_ns": time.perf_counter_ns() - self.started_ns,
+                       "followed_unix_us": [self.started_unix_us, time.time_ns() // 1000]}, fh)

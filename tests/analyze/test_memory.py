@@ -1,10 +1,18 @@
+import gzip
 import json
+import pickle
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from profkit import store
 from profkit.analyze import breakdown
-from profkit.analyze.memory import MEMORY_CATEGORIES, compare_sources, disagreements, load_timeline
+from profkit.analyze.lifetimes import attribute, load_lifetimes
+from profkit.analyze.memory import (MEMORY_CATEGORIES, analyze_lifetimes, compare_sources, disagreements,
+                                    load_timeline)
 from profkit.core.methods import METHODS
 from tests.conftest import GPU_TRACES
 
@@ -82,7 +90,6 @@ def test_zero_on_one_process_shows_its_buffers(bd):
 
 
 def test_failed_runs_appear_with_status_not_zeros(tmp_path, matrix):
-    import shutil
     shutil.copytree(matrix / "lora", tmp_path / "lora")
     bad = tmp_path / "full"
     bad.mkdir()
@@ -126,3 +133,79 @@ def test_a_disagreement_between_the_sources_is_said_not_hidden():
     assert len(notes) == 1 and notes[0].startswith("temporaries: the storage lifetimes say 2,200 bytes"), notes
     assert "-8.6% of the peak" in notes[0]  # (2,200 - 3,000) / 9,250
     assert disagreements(compare_sources(export, export)) == []
+
+
+def test_what_the_cpu_allocator_counted_beyond_the_dispatcher_is_unattributed():
+    """Without the export, a CPU run's measured peak is the storage lifetimes', checked against the profiler's
+    allocation counter: bytes the allocator counted and the dispatcher never saw (Inductor's kernel buffers) are
+    added to the peak as unattributed, with a note; none are invented where the two agree."""
+    events = [(0, "existing", 0, 1_000, "cpu", 16, "", "forward", ()),
+              (1, "alloc", 1, 500, "cpu", 32, "aten::mm", "forward", (0,)),
+              (2, "free", 1, 0, "cpu", 0, "", "forward", ())]
+    lifetimes = attribute(events, {("cpu", 16): "parameters_trainable"})
+    record = SimpleNamespace(inventory={}, kind="train", peaks={}, timings={})
+    result = analyze_lifetimes(record, lifetimes, cpu_allocated=700)
+    peak = result.rows[result.rows.phase == "peak"].set_index("category").bytes
+    assert peak["unattributed"] == 200 and peak["parameters_trainable"] == 1_000 and peak["temporaries"] == 500
+    assert int(result.measured.set_index("phase").measured_peak_bytes["peak"]) == 1_700 == peak.sum()
+    assert any("200 bytes more" in n for n in result.notes)
+    for counted in (500, None):
+        agreed = analyze_lifetimes(record, lifetimes, cpu_allocated=counted)
+        assert agreed.rows.set_index(["phase", "category"]).bytes[("peak", "unattributed")] == 0
+        assert not any("bytes more" in n for n in agreed.notes)
+
+
+def as_cuda_run(source: Path, target: Path) -> dict:
+    """A CPU run of the matrix dressed as a CUDA one: its storages on ``cuda:0``, the allocator counters in its
+    record, and an allocator history written from its storage lifetimes (as the caching allocator records each
+    storage the dispatcher allocates)."""
+    shutil.copytree(source, target)
+    path = target / store.STORAGE_LIFETIMES
+    with gzip.open(path, "rt") as fh:
+        data = json.load(fh)
+    start = 1_700_000_000_000_000
+    data["followed_unix_us"] = [start, start + len(data["events"]) + 10]
+    entries, address_of, live, existing = [], {}, {}, {}
+    for k, e in enumerate(data["events"]):
+        e[4] = e[4].replace("cpu", "cuda:0")
+        _t, action, number, nbytes, _device, address = e[:6]
+        if action == "alloc":
+            address_of[number] = address
+            live[number] = nbytes
+            entries.append({"action": "alloc", "addr": address, "size": nbytes, "time_us": start + k + 1})
+        elif action == "existing":
+            existing.setdefault(number, (address, nbytes))
+        elif action == "free" and number in address_of:
+            entries.append({"action": "free_completed", "addr": address_of[number], "size": live.pop(number),
+                            "time_us": start + k + 1})
+        elif action == "free" and number in existing:
+            entries.append({"action": "free_completed", "addr": existing[number][0], "size": existing.pop(number)[1],
+                            "time_us": start + k + 1})
+    data["owners"] = [[d.replace("cpu", "cuda:0"), a, o] for d, a, o in data["owners"]]
+    with gzip.open(path, "wt") as fh:
+        json.dump(data, fh)
+    still = [(address_of[n], b) for n, b in live.items()] + list(existing.values())
+    segments = [{"device": 0, "address": a, "total_size": max(b, 512),
+                 "blocks": [{"size": max(b, 512), "requested_size": b, "state": "active_allocated"}]}
+                for a, b in still if b]
+    with open(target / store.CUDA_SNAPSHOT, "wb") as fh:
+        pickle.dump({"segments": segments, "device_traces": [entries]}, fh)
+    manifest = json.loads((target / "manifest.json").read_text())
+    peak = load_lifetimes(path).peak.bytes  # the caching allocator would have counted the same bytes at its peak
+    manifest["peaks"].update(cuda_max_allocated=peak, cuda_max_reserved=peak)
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return data
+
+
+@pytest.mark.parametrize("name", ["lora", "qlora_gc", "lora_zero2"])
+def test_the_allocators_history_takes_the_lifetimes_owners(tmp_path, matrix, name):
+    """What the breakdown does with a CUDA run's allocator history (``memory_snapshot.pickle``) and its storage
+    lifetimes: every block the dispatcher allocated is matched to its storage, so the history's breakdown at its
+    peak is the lifetimes' within 1% of the peak, and nothing is said to be unseen. (A GPU's own history is
+    checked by ``analyses/gpu_check.py``.)"""
+    as_cuda_run(matrix / name, tmp_path / name)
+    bd = breakdown([tmp_path / name], jobs=1)
+    sources = bd.memory_sources.set_index("category")
+    assert sources.allocator_bytes.notna().all(), sources
+    assert (sources.allocator_difference_of_peak.astype(float).abs() <= 0.01).all(), sources
+    assert not any("outside the dispatcher" in n or "allocator's history" in n for n in bd.notes[name]), bd.notes
