@@ -38,6 +38,7 @@ class Lifetimes:
     largest: dict[str, int]  # each owner's own largest live bytes
     allocated_peak: int  # the peak of what ops allocated during the steps (what existed before left out)
     events: int
+    live_at_start: int = 0  # what was live when following began (the inventory's storages)
 
 
 def owners_of(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> dict[int, str]:
@@ -88,12 +89,15 @@ def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Life
     totals: dict[str, int] = {}
     total = allocated = allocated_peak = 0
     peak, phases, ends, largest = OwnerPeak(), {}, {}, {}
+    live_at_start, started = 0, False
 
     def snapshot(t_ns: int) -> OwnerPeak:
         return OwnerPeak(total, t_ns, {k: v for k, v in totals.items() if v})
 
     previous = None
     for t_ns, action, number, nbytes, _device, _address, _op, phase, _inputs in events:
+        if not started and action != "existing":
+            started, live_at_start = True, total  # the tracker declares what it knows first, then follows
         if phase != previous and previous is not None:
             ends[previous] = snapshot(t_ns)  # the state it left
         previous = phase
@@ -125,7 +129,7 @@ def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Life
             phases[phase] = snapshot(t_ns)
     if previous is not None:
         ends[previous] = snapshot(0)
-    return Lifetimes(peak, phases, ends, largest, allocated_peak, len(events))
+    return Lifetimes(peak, phases, ends, largest, allocated_peak, len(events), live_at_start)
 
 
 @dataclass
