@@ -269,6 +269,22 @@ def test_bad_engine_arguments(args, message):
     assert "Traceback" not in result.stderr
 
 
+def decomposed_by_owner(run: Path):
+    """A complete run whose peak decomposes: static owners the inventory's to the byte, activations found, and
+    |unattributed| within 1% of the measured peak. Returns the breakdown and the run's record."""
+    record = json.loads((run / "manifest.json").read_text())
+    assert record["status"] == "ok", record["reason"]
+    bd = breakdown([run])
+    assert not bd.problems, bd.problems
+    peak = bd.memory[bd.memory.phase == "peak"].set_index("category").bytes
+    assert abs(peak["unattributed"]) <= 0.01 * int(bd.runs.measured_peak_bytes.iloc[0])
+    assert peak["parameters_trainable"] == inventory_bytes(record, "parameters_trainable") > 0
+    assert peak["parameters_frozen"] == inventory_bytes(record, "parameters_frozen") + inventory_bytes(record, "buffers")
+    assert peak["optimizer_state"] == inventory_bytes(record, "optimizer_state") > 0
+    assert peak["activations"] > 0
+    return bd, record
+
+
 def test_without_the_profilers_export_memory_comes_from_the_storage_lifetimes(tmp_path, monkeypatch):
     """A torch without ``export_memory_timeline`` (deprecated upstream), or one whose export fails
     (pytorch/pytorch#167838): the run is complete, and its memory decomposes from the storage lifetimes with static
@@ -283,19 +299,11 @@ def test_without_the_profilers_export_memory_comes_from_the_storage_lifetimes(tm
     session = profkit.Session(tmp_path / "run", model, optimizer, **QUICK)
     with session:
         train_steps(model, optimizer, session, 5)
-    record = json.loads((tmp_path / "run" / "manifest.json").read_text())
-    assert record["status"] == "ok", record["reason"]
+    bd, record = decomposed_by_owner(tmp_path / "run")
     assert "simulated" in record["timings"]["memory_timeline_error"]
     assert not (tmp_path / "run" / store.MEMORY_TIMELINE).exists()
-    bd = breakdown([tmp_path / "run"])
-    assert not bd.problems, bd.problems
     peak = bd.memory[bd.memory.phase == "peak"].set_index("category").bytes
-    measured = int(bd.runs.measured_peak_bytes.iloc[0])
-    assert abs(peak["unattributed"]) <= 0.01 * measured
-    assert peak["parameters_trainable"] == inventory_bytes(record, "parameters_trainable") > 0
-    assert peak["parameters_frozen"] == inventory_bytes(record, "parameters_frozen") + inventory_bytes(record, "buffers")
-    assert peak["optimizer_state"] == inventory_bytes(record, "optimizer_state") > 0
-    assert peak["activations"] > 0 and peak.sum() == measured
+    assert peak.sum() == int(bd.runs.measured_peak_bytes.iloc[0])
     assert any("storage lifetimes" in n for n in bd.notes["run"])
 
 
@@ -310,16 +318,7 @@ def test_a_compiled_model_decomposes_by_both_sources_alike(tmp_path):
     compiled = torch.compile(model, backend="aot_eager")
     with profkit.Session(tmp_path / "compiled", model, optimizer, **QUICK) as session:
         train_steps(compiled, optimizer, session, session.total_steps)
-    record = json.loads((tmp_path / "compiled" / "manifest.json").read_text())
-    assert record["status"] == "ok", record["reason"]
-    bd = breakdown([tmp_path / "compiled"])
-    assert not bd.problems, bd.problems
-    peak = bd.memory[bd.memory.phase == "peak"].set_index("category").bytes
-    measured = int(bd.runs.measured_peak_bytes.iloc[0])
-    assert abs(peak["unattributed"]) <= 0.01 * measured
-    assert peak["parameters_trainable"] == inventory_bytes(record, "parameters_trainable") > 0
-    assert peak["optimizer_state"] == inventory_bytes(record, "optimizer_state") > 0
-    assert peak["activations"] > 0
+    bd, _ = decomposed_by_owner(tmp_path / "compiled")
     sources = bd.memory_sources.set_index("category")
     assert len(sources) and (sources.difference_of_peak.abs() <= 0.01).all(), sources
     assert not any("storage lifetimes say" in n for n in bd.notes["compiled"]), bd.notes["compiled"]
