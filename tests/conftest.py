@@ -1,5 +1,9 @@
 """Shared fixtures: the whole method matrix recorded once per session on the ``micro`` preset, on CPU,
-through the real CLI (each method in its own subprocess), exactly as a user would run it."""
+through the real CLI (each method in its own subprocess), exactly as a user would run it.
+
+The two largest recordings (the micro matrix, the training methods on tiny) start in the background as soon as
+the session knows it needs them, and the tests that record nothing run first, meanwhile: a recording spends most
+of its time importing libraries on one core, so on two cores the in-process tests take the other."""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -34,6 +40,59 @@ def pytest_collection_modifyitems(items) -> None:
         source = inspect.getsource(function) if function is not None else ""
         if RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())) or RECORDS.search(source):
             item.add_marker(pytest.mark.e2e)
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)  # in-process tests first (stable)
+
+
+def pytest_configure(config) -> None:
+    """Model checkpoints materialized for presets go to a per-session cache (the background recordings' too)."""
+    cache = tempfile.mkdtemp(prefix="profkit-test-cache-")
+    os.environ["PROFKIT_CACHE"] = cache
+    config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
+
+
+class _Recordings(threading.Thread):
+    """Records what the selected tests need, one recording after another, while the session goes on."""
+
+    def __init__(self, wanted: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.root = Path(tempfile.mkdtemp(prefix="profkit-test-recordings-"))
+        self.wanted = wanted
+        self.done = {name: threading.Event() for name in wanted}
+        self.results: dict[str, tuple[subprocess.CompletedProcess, Path]] = {}
+
+    def run(self) -> None:
+        for name in self.wanted:
+            out = self.root / name / "traces"
+            try:
+                self.results[name] = (run_cli("record", *BACKGROUND[name], "-o", str(out), timeout=1800), out)
+            finally:
+                self.done[name].set()
+
+    def get(self, name: str) -> Path:
+        self.done[name].wait()
+        assert name in self.results, f"the background recording of {name} did not finish"
+        result, out = self.results[name]
+        assert result.returncode == 0, recorded(result, out)
+        return out
+
+
+_RECORDINGS: list[_Recordings] = []
+
+
+def pytest_collection_finish(session) -> None:
+    """Once the tests to run are known (after -m and -k), start the recordings they need."""
+    needed = set().union(*(getattr(item, "fixturenames", ()) for item in session.items)) if session.items else set()
+    wanted = [name for name in BACKGROUND if name in needed]
+    if wanted and not session.config.option.collectonly:
+        recordings = _Recordings(wanted)
+        session.config.add_cleanup(lambda: shutil.rmtree(recordings.root, ignore_errors=True))
+        recordings.start()
+        _RECORDINGS.append(recordings)
+
+
+def _recorded_in_background(name: str) -> Path:
+    assert _RECORDINGS, f"{name} was not started: the session did not select a test that needs it"
+    return _RECORDINGS[0].get(name)
 
 
 def terminal_session() -> None:
@@ -56,18 +115,9 @@ def recorded(result: subprocess.CompletedProcess, out: Path) -> str:
     return "\n".join([result.stdout + result.stderr, *logs])
 
 
-@pytest.fixture(scope="session", autouse=True)
-def isolated_cache(tmp_path_factory):
-    """Model checkpoints materialized for presets go to a per-session cache."""
-    os.environ["PROFKIT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-
-
 @pytest.fixture(scope="session")
-def matrix(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("matrix") / "traces"
-    result = run_cli("record", "--all", *FAST, "-o", str(out))
-    assert result.returncode == 0, recorded(result, out)
-    return out
+def matrix() -> Path:
+    return _recorded_in_background("matrix")
 
 
 @pytest.fixture(scope="session")
@@ -98,11 +148,14 @@ TINY_TRAINING = _tiny_training()
 
 
 @pytest.fixture(scope="session")
-def tiny_training(tmp_path_factory) -> Path:
-    """Every training method on the default ``tiny`` preset: the estimator's accuracy targets are set there."""
-    out = tmp_path_factory.mktemp("tiny") / "traces"
-    training = TINY_TRAINING
-    result = run_cli("record", *training, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1",
-                     "--steps", "1", "--profiled-steps", "1", "-o", str(out), timeout=1800)
-    assert result.returncode == 0, recorded(result, out)
-    return out
+def tiny_training() -> Path:
+    """The training methods on the default ``tiny`` preset: the estimator's accuracy targets are set there."""
+    return _recorded_in_background("tiny_training")
+
+
+# What the background records for each fixture, in this order.
+BACKGROUND = {
+    "matrix": ["--all", *FAST],
+    "tiny_training": [*TINY_TRAINING, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
+                      "--profiled-steps", "1"],
+}
