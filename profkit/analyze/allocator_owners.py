@@ -16,10 +16,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from profkit.analyze.lifetimes import CATEGORY_OF_OWNER, owners_of
+from profkit.analyze.snapshot import ACTIVE  # the block states that hold an allocation
 
 BLOCK = 512  # the caching allocator's smallest block, and the multiple it rounds every request up to
 UNSEEN = "unseen"  # allocated where the dispatcher could not see it
-ACTIVE = ("active_allocated", "active_awaiting_free")
 
 
 def _rounded(nbytes: int) -> int:
