@@ -1,4 +1,4 @@
-"""Model presets: Llama-architecture configs built with random weights (no download).
+"""Model presets: Llama-architecture configs, and one mixture of experts, built with random weights (no download).
 
 Random weights are fine for profiling: shapes and kernels decide time and memory. MLP widths are
 rounded up to a multiple of 64 as Llama rounds them (to 256), which also keeps every layer's output
@@ -39,6 +39,15 @@ PRESETS: dict[str, Preset] = {
             {**_LLAMA_COMMON, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
              "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096},
             batch_size=4, seq_len=128, max_new_tokens=32,
+        ),
+        Preset(
+            "micro-moe", "Qwen2-MoE architecture, ~1M parameters: a router, 4 experts (2 per token) and a shared "
+            "expert per layer; for the test suite",
+            {"model_type": "qwen2_moe", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 4096, "num_experts": 4,
+             "num_experts_per_tok": 2, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 128,
+             "max_position_embeddings": 2048, "tie_word_embeddings": True},
+            batch_size=2, seq_len=64, max_new_tokens=8,
         ),
         Preset(
             "gpu-check", "Llama architecture, ~0.55B parameters: large enough for GPU effects to show, small enough "

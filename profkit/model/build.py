@@ -12,13 +12,14 @@ import hashlib
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.quantizers.base import get_keys_to_not_convert
 from transformers.quantizers.quantizers_utils import should_convert_module
 
@@ -30,6 +31,7 @@ from profkit.core.settings import RunSettings
 
 with library_output():  # peft imports bitsandbytes, whose kernel loaders announce themselves on stderr at import
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_DEFAULT_TARGETS
 
 # --------------------------------------------------------------------------- device
 
@@ -192,7 +194,8 @@ def build_model(method: Method, settings: RunSettings, device: str):
     the Trainer engine leaves to ``TrainingArguments``, as its users do)."""
     p = plan(method, device)
     path = settings.model_path or materialize_preset(settings.preset)
-    kwargs: dict[str, Any] = {"dtype": p.load_dtype, "device_map": {"": device}, "attn_implementation": p.attn_implementation}
+    attention, _ = attention_for(AutoConfig.from_pretrained(path, local_files_only=True), p.attn_implementation)
+    kwargs: dict[str, Any] = {"dtype": p.load_dtype, "device_map": {"": device}, "attn_implementation": attention}
     if p.quantization is not None:
         kwargs["quantization_config"] = p.quantization
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
@@ -211,9 +214,35 @@ def build_model(method: Method, settings: RunSettings, device: str):
         # Non-reentrant checkpointing needs no input that requires grad, so it works with frozen embeddings.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     if p.lora is not None:
-        model = get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
+        model = with_lora(model, p)
     model.train()
     return model
+
+
+def attention_for(config, requested: str) -> tuple[str, str | None]:
+    """The attention transformers will build for ``config``: the one requested, or eager where the architecture
+    offers no sdpa (Gemma 2's soft-capping, for one), with a note saying so."""
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if requested == "sdpa" and model_class is not None and not model_class._supports_sdpa:
+        return "eager", (f"{model_class.__name__} has no sdpa attention in transformers; it runs eager attention, "
+                         "which keeps each layer's full attention matrix for backward")
+    return requested, None
+
+
+def with_lora(model, p: ModelPlan):
+    """peft's LoRA on ``model``, after checking that the targets exist in it (peft's own error names neither the
+    model's layers nor what would fit)."""
+    targets = p.lora.target_modules
+    if targets != ALL_LINEAR:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        if not set(targets) & set(linear):
+            model_type = model.config.model_type
+            default = PEFT_DEFAULT_TARGETS.get(model_type)
+            raise UnsupportedError(
+                f"LoRA targets {','.join(sorted(targets))}: none is a Linear layer of {type(model).__name__}, whose "
+                f"Linear layers are {','.join(linear)}; choose with --lora-targets"
+                + (f" (peft's default for {model_type}: {','.join(default)})" if default else ""))
+    return get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
 
 
 class _MetaNF4Linear(torch.nn.Linear):
@@ -231,8 +260,16 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
     weights needed."""
     p = plan(method, device, half)
     attention = "sdpa" if p.attn_implementation == "flash_attention_2" else p.attn_implementation  # same saves
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=p.load_dtype, attn_implementation=attention)
+    attention, note = attention_for(config, attention)
+    if note:
+        p = replace(p, notes=(*p.notes, note))
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=p.load_dtype, attn_implementation=attention)
+    # transformers' own checks of a configuration (a pad token beyond the vocabulary, an unknown architecture)
+    except (ValueError, AssertionError, KeyError, TypeError) as exc:
+        raise UnsupportedError(f"transformers cannot build {type(config).__name__.removesuffix('Config')} from this "
+                               f"configuration ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
     quantized_ids: set[int] = set()
     if p.quantization is not None:
         # transformers' own rule for which Linear layers bitsandbytes replaces.
@@ -252,7 +289,7 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
         model.requires_grad_(False)
         model.eval()
     elif p.lora is not None:
-        model = get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
+        model = with_lora(model, p)
     if method.kind == "train":
         model.train()
     return model, {n for n, prm in model.named_parameters() if id(prm) in quantized_ids}, p

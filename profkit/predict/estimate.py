@@ -49,7 +49,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
-from profkit.core.methods import Method
+from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.model.build import meta_model, model_config
 from profkit.model.storage import storage_bytes, storage_id
@@ -171,8 +171,8 @@ class SavedForBackward:
     layers: list[int]  # per checkpointable decoder layer
     layer_inputs: int  # what a checkpointed layer keeps: its input tensors (unique storages)
     after_layers: int  # final norm, LM head, loss
-    at_loss: int  # live while the loss is computed but not saved: the LM head's input and output (the
-    # logits), and the fp32 copy of the logits that transformers' causal-LM loss makes when they are not fp32
+    at_loss: int  # live while the loss is computed but not saved: the LM head's input, the logits the loss
+    # reads, and the fp32 copy of the logits that transformers' causal-LM loss makes when they are not fp32
 
     def end_of_forward(self, checkpointing: bool) -> int:
         """The forward's high point: at the loss, where the logits are live beside everything saved."""
@@ -190,11 +190,25 @@ class SavedForBackward:
                    self.before_layers + self.layer_inputs + max(self.layers, default=0))
 
 
+class _GroupedMatmul(torch.autograd.Function):
+    """The experts' grouped matmul on the meta device, for dtypes its meta kernel refuses before torch 2.15: the
+    output's shape, and for backward what torch's own kernel saves (each operand only if the other needs a
+    gradient: frozen experts keep their input unsaved). Never run backward; the estimate only counts."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+        return a.new_empty(a.shape[0], b.shape[-1])
+
+
 class _TargetDevice(torch.overrides.TorchFunctionMode):
     """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
 
     LOWER = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
              torch.mm, torch.bmm, torch.Tensor.mm, torch.Tensor.bmm}
+    # MoE experts' grouped matmul. Not autocast-enabled (transformers casts the input to the experts' dtype);
+    # torch's meta kernel before 2.15 takes bf16 only where the device kernels take fp32 too.
+    GROUPED = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
 
     def __init__(self, target: Target, autocast: torch.dtype | None):
         super().__init__()
@@ -220,25 +234,29 @@ class _TargetDevice(torch.overrides.TorchFunctionMode):
             if self.autocast:
                 args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
             return self._attention(*args, **kwargs)
+        if func in self.GROUPED and args[0].dtype != torch.bfloat16:
+            return _GroupedMatmul.apply(args[0], args[1])
         if self.autocast and func in self.LOWER:
             args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
         return func(*args, **kwargs)
 
     def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         sdpa = torch.nn.functional.scaled_dot_product_attention
-        if dropout_p or q.shape[-1] != v.shape[-1] or q.shape[-1] > 256:
+        # PyTorch's CPU flash kernel takes no dropout; its CUDA kernels do (they keep the RNG state, not a mask).
+        if (dropout_p and self.target == "cpu") or q.shape[-1] != v.shape[-1] or q.shape[-1] > 256:
             return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                         enable_gqa=enable_gqa)
         if self.target == "cpu":
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
         if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
+                                                                      scale=scale)[0]
         if k.shape[-3] != q.shape[-3]:  # memory-efficient attention takes no grouped heads
             k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
             v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
         return torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, attn_mask, True, 0.0, is_causal, scale=scale)[0]
+            q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
 
 
 @contextlib.contextmanager
@@ -299,11 +317,8 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
 
     at_loss: dict[tuple[str, int], int] = {}
 
-    def lm_head_output(module, args, output):
-        for t in (args[0], output):
-            at_loss.setdefault(storage_id(t), t.untyped_storage().nbytes())
-        if output.dtype != torch.float32:
-            at_loss[("fp32 upcast of the logits", 0)] = output.numel() * 4
+    def lm_head_input(module, args, output):
+        at_loss.setdefault(storage_id(args[0]), args[0].untyped_storage().nbytes())
 
     layers = _decoder_layers(model)
     if not layers:
@@ -311,14 +326,19 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
                             "found, so activations cannot be attributed per layer")
     handles = [h for m in layers for h in (m.register_forward_pre_hook(enter, with_kwargs=True),
                                            m.register_forward_hook(leave, with_kwargs=True))]
-    handles.append(model.get_output_embeddings().register_forward_hook(lm_head_output))
+    handles.append(model.get_output_embeddings().register_forward_hook(lm_head_input))
     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
     count(batch, "before")  # the batch is held through the step (input_ids and labels are one tensor)
     try:
         with _contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 _TargetDevice(target, autocast):
-            loss = model(input_ids=batch, labels=batch).loss
-        del loss
+            out = model(input_ids=batch, labels=batch)
+        # The logits the loss reads: the LM head's output, or what the model makes of it (Gemma 2 soft-caps them).
+        logits = out.logits
+        at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
+        if logits.dtype != torch.float32:
+            at_loss[("fp32 upcast of the logits", 0)] = logits.numel() * 4
+        del out, logits
     finally:
         for h in handles:
             h.remove()
@@ -365,6 +385,8 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
                 return _estimate_inference(method, config, batch_size, seq_len, new_tokens, world_size, target,
                                            model_name)
             return _estimate(method, config, batch_size, seq_len, world_size, target, model_name, engine)
+        except UnsupportedError as exc:  # the model or the method's settings, said before anything runs
+            raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: {exc}") from None
         except (RuntimeError, NotImplementedError) as exc:  # torch's meta kernels refuse what they cannot model
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: the meta-device forward "

@@ -1,0 +1,145 @@
+"""The estimate across model families: mixtures of experts (Mixtral; Qwen2-MoE with a shared expert, as the
+``micro-moe`` preset), multi-query attention (GPTBigCode), Gemma 2 (no sdpa: eager attention, sliding window) and
+tied embeddings. One table drives every case: the meta-device estimate beside a CPU recording of the same tiny
+model (random weights) through ``profkit.Session``; the static categories must agree to the byte."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import profkit
+from profkit.analyze import breakdown
+from profkit.core.methods import get_method, with_overrides
+from profkit.core.settings import RunSettings
+from profkit.model.build import build_model, make_optimizer, tokenizer_for
+from profkit.predict.estimate import EstimateError, estimate
+from tests.conftest import run_cli
+
+QUICK = dict(warmup_steps=0, timed_steps=1, profiled_steps=1, memory_steps=1)
+SMALL = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4, vocab_size=4096)
+# family -> (config beyond SMALL, LoRA targets where the default q/k/v/o projections do not exist)
+FAMILIES = {
+    "micro-moe": (None, None),  # the preset
+    "mixtral": (dict(model_type="mixtral", num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2), None),
+    "gpt_bigcode": (dict(model_type="gpt_bigcode", n_embd=64, n_layer=2, n_head=4, multi_query=True, n_positions=256,
+                         n_inner=192, bos_token_id=0, eos_token_id=0), ("c_attn", "c_proj")),
+    "gemma2": (dict(model_type="gemma2", num_key_value_heads=2, head_dim=16, sliding_window=16), None),
+}
+STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory):
+    """Each family's tiny model saved with random weights, loaded as a user's own checkpoint would be."""
+    root = tmp_path_factory.mktemp("families")
+    paths = {}
+    for family, (spec, _) in FAMILIES.items():
+        if spec is None:
+            continue
+        spec = {**SMALL, **spec}
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec))
+        model.save_pretrained(root / family)
+        tokenizer_for(RunSettings(method="", preset="micro")).save_pretrained(root / family)
+        paths[family] = root / family
+    return paths
+
+
+def _method(family: str, name: str):
+    targets = FAMILIES[family][1]
+    return with_overrides(get_method(name), lora_targets=",".join(targets)) if targets and name != "full" else \
+        get_method(name)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("name", ["full", "lora", "qlora"])
+def test_the_estimate_matches_a_cpu_recording_of_each_family(family, name, family_checkpoints, tmp_path):
+    method = _method(family, name)
+    settings = (RunSettings(method=name, preset=family) if family not in family_checkpoints
+                else RunSettings(method=name, model_path=str(family_checkpoints[family])))
+    model = build_model(method, settings, "cpu")
+    optimizer = make_optimizer(method, [p for p in model.parameters() if p.requires_grad])
+    with profkit.Session(tmp_path / "run", model, optimizer, **QUICK) as session:
+        for _ in range(session.total_steps):
+            ids = torch.randint(0, 4096, (2, 32))
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            session.step()
+    bd = breakdown([tmp_path / "run"], jobs=1)
+    assert bd.runs.status.iloc[0] == "ok", bd.problems
+    compared = bd.predicted.set_index("category")
+    assert len(compared), bd.records["run"].estimate  # the live estimate ran, or says why not
+    for category in STATIC:
+        assert compared.loc[category].predicted_bytes == compared.loc[category].measured_bytes, category
+    assert compared.loc["parameters_quantized"].measured_bytes > 0 if name == "qlora" else True
+    assert abs(compared.loc["activations"].error) <= 0.01, compared.loc["activations"].to_dict()
+
+
+def _config(model_type: str, **extra):
+    return AutoConfig.for_model(model_type, **{**SMALL, **extra})
+
+
+# Meta-device estimates on a CUDA target of what a CPU cannot record (ZeRO over two ranks, 4-bit generation),
+# over more families: each is estimated, or refused with a reason, never a traceback.
+CONFIGS = {
+    "qwen2_moe": dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64),
+    "qwen3_moe": dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+    "deepseek_v3": dict(num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                        n_shared_experts=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                        qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_group=1, topk_group=1),
+    "mixtral": dict(num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    "mistral": dict(num_key_value_heads=2, sliding_window=16),
+    "gemma": dict(num_key_value_heads=1, head_dim=16),
+    "gemma2": dict(num_key_value_heads=2, head_dim=16, sliding_window=16),
+    "phi3": dict(num_key_value_heads=4, pad_token_id=0),
+}
+
+
+@pytest.mark.parametrize("model_type", CONFIGS)
+@pytest.mark.parametrize("name", ["full_gc", "qlora", "lora_zero3", "infer_int4"])
+def test_every_family_is_estimated_on_a_cuda_target(model_type, name):
+    config = _config(model_type, **CONFIGS[model_type])
+    e = estimate(get_method(name), config, 2, 32, 2 if "zero" in name else 1, "cuda", model_type)
+    assert e.peak_bytes > sum(e.at_peak()[c] for c in ("parameters_trainable", "parameters_frozen",
+                                                         "parameters_quantized"))
+    if model_type == "gemma2":
+        assert any("eager attention" in n for n in e.notes)
+
+
+def test_experts_stay_16_bit_under_qlora_and_frozen_experts_save_no_input():
+    """bitsandbytes quantizes Linear layers; transformers keeps each layer's experts as one 3-D parameter, so under
+    QLoRA they stay unquantized (peft's k-bit preparation makes them fp32). Their grouped matmul saves the experts
+    for the input's gradient, not the input (the experts need none)."""
+    config = _config("mixtral", **CONFIGS["mixtral"])
+    qlora = estimate(get_method("qlora"), config, 2, 32, 1, "cuda", "mixtral")
+    experts = 2 * 4 * (2 * 192 * 64 + 64 * 192)  # layers x experts x (gate_up + down)
+    assert qlora.at_peak()["parameters_frozen"] >= experts * 4
+    lora = estimate(get_method("lora"), config, 2, 32, 1, "cuda", "mixtral")
+    full = estimate(get_method("full"), config, 2, 32, 1, "cuda", "mixtral")
+    assert full.detail["saved_layers_total"] > lora.detail["saved_layers_total"]
+
+
+@pytest.mark.parametrize("config, method, reason", [
+    (("gpt_bigcode", dict(n_embd=64, n_layer=2, n_head=4, multi_query=True)), "lora",
+     "peft's default for gpt_bigcode: c_attn"),
+    (("falcon", dict(multi_query=True)), "qlora", "query_key_value"),
+    (("phi3", dict(pad_token_id=32000)), "full", "Padding_idx must be within num_embeddings"),
+])
+def test_what_cannot_be_built_is_refused_with_its_reason(config, method, reason):
+    with pytest.raises(EstimateError, match=reason):
+        estimate(get_method(method), _config(config[0], **config[1]), 2, 32, 1, "cuda", config[0])
+
+
+def test_the_moe_preset_through_the_cli():
+    result = run_cli("estimate", "full", "qlora", "--preset", "micro-moe", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    estimates = {e["method"]: e for e in json.loads(result.stdout)}
+    assert estimates["qlora"]["params"]["quantized"] > 0
+    assert estimates["full"]["params"]["trainable"] == \
+        estimates["qlora"]["params"]["quantized"] + estimates["qlora"]["params"]["frozen"]
