@@ -278,6 +278,9 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
             if type(module) is torch.nn.Linear and should_convert_module(name, keep):
                 module.__class__ = _MetaNF4Linear
                 quantized_ids.add(id(module.weight))
+        if not quantized_ids:
+            p = replace(p, notes=(*p.notes, f"{type(model).__name__}: transformers quantizes no layer of it (it "
+                                  "replaces torch.nn.Linear itself, not subclasses): the weights stay 16-bit"))
     if p.kbit_prep:
         # What peft's prepare_model_for_kbit_training does to the weights that stay unquantized.
         for prm in model.parameters():

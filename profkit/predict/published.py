@@ -8,13 +8,15 @@ cache, which the estimate does not predict."""
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 from transformers import AutoConfig
 
-from profkit.core.methods import get_method, with_overrides
-from profkit.predict.estimate import estimate
+from profkit.core.methods import ALL_LINEAR, Method, get_method, with_overrides
+from profkit.predict.estimate import EstimateError, estimate
 
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
 
@@ -44,4 +46,170 @@ def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
                      "batch_size": int(r.batch_size), "seq_len": int(r.seq_len), "counter": r.counter,
                      "measured_bytes": measured, "estimated_bytes": e.peak_bytes, "error": e.peak_bytes / measured - 1,
                      "possible": measured >= weights, "notes": r.notes})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------- the wide set (wide.csv)
+# Its rows quote each source's own words for a setting; a figure is estimated only where every setting the estimate
+# needs is stated, and otherwise kept with the reason it is not (the settings a figure lacks are never guessed).
+
+NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|max length)\))?\s*$")
+CAPPED = re.compile(r"^\s*<=\s*(\d+)\b.*truncated")
+SHORT_PROMPT = 8
+# litgpt's and torchtune's names for the layers LoRA targets, as Hugging Face names them.
+LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "projection": ["o_proj"],
+              "output_proj": ["o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"], "head": ["lm_head"],
+              "output(lm head)": ["lm_head"]}
+COUNTERS = {"max_memory_allocated": "allocated", "active_bytes_peak": "allocated", "max_memory_reserved": "reserved",
+            "nvidia-smi": "reserved", "unknown": "allocated"}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published figure as the estimate takes it, or the reason it cannot."""
+
+    method: Method | None
+    model: str
+    batch_size: int = 0
+    seq_len: int = 0
+    world_size: int = 1
+    new_tokens: int = 1
+    reason: str = ""
+    assumed: tuple[str, ...] = ()
+
+
+def _stated(value: str) -> bool:
+    return bool(value.strip())
+
+
+def read_figure(r, models: dict) -> Figure:
+    """The settings of one row of wide.csv, or why they do not determine an estimate."""
+    model = next((name for name, entry in models.items() if r.model in (name, *entry.get("names", []))), None)
+    if model is None:
+        return Figure(None, r.model, reason="no configuration in models.json")
+    if models[model].get("unsupported"):
+        return Figure(None, model, reason=models[model]["unsupported"])
+    sharding, offload = r.sharding.lower(), r.offload.lower()
+    if "fsdp" in sharding and "ddp" not in sharding:
+        return Figure(None, model, reason="FSDP: not modelled by the estimate (issue 25), and not ZeRO-3")
+    if "sequential" in sharding or "tensor parallel" in sharding:
+        return Figure(None, model, reason=f"{r.sharding}: model parallelism is not modelled")
+    if offload not in ("", "none"):
+        return Figure(None, model, reason=f"offload ({r.offload}) of this kind is not modelled")
+    if not NUMBER.match(r.batch_size):
+        return Figure(None, model, reason=f"batch size not stated ({r.batch_size or 'empty'})")
+    assumed: list[str] = []
+    seq = NUMBER.match(r.seq_len)
+    capped = CAPPED.match(r.seq_len)
+    if capped:  # batches padded to their longest sample, truncated at the cap: the peak is at a batch that reaches it
+        seq_len = int(capped.group(1))
+        assumed.append(f"sequence {seq_len}: the longest batch reaches the truncation length (padding to the "
+                       "longest sample); a dataset whose samples are all shorter peaks lower")
+    elif r.seq_len.startswith("short prompt"):
+        seq_len = SHORT_PROMPT
+        assumed.append(f"a short prompt taken as {SHORT_PROMPT} tokens (the weights dominate: a few tokens more or "
+                       "less change the peak by well under 0.1%)")
+    elif seq:
+        seq_len = int(seq.group(1))
+    else:
+        return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
+    gpus = int(float(r.gpu_count or 1))
+    zero = re.search(r"zero-?(\d)", sharding)
+    if gpus > 1 and not zero and "ddp" not in sharding:
+        return Figure(None, model, reason=f"{gpus} GPUs with sharding {r.sharding or 'not stated'}")
+    if r.kind == "infer":
+        name = {"infer_bf16": "infer_fp16", "infer_fp16": "infer_fp16", "infer_int4": "infer_int4"}.get(r.method)
+        if name is None:
+            return Figure(None, model, reason=f"{r.method}: not a method profkit estimates")
+        overrides: dict = {}
+        if name == "infer_int4":
+            quant = r.quant_type.split(" ")[0].lower()
+            if quant not in ("nf4", "fp4"):
+                return Figure(None, model, reason=f"4-bit type not stated ({r.quant_type})")
+            overrides = {"quant_type": quant, "double_quant": "dq" in r.quant_type or r.double_quant.startswith("True")}
+        new = re.match(r"\s*(\d+)", r.max_new_tokens)
+        if not new:
+            return Figure(None, model, reason="new tokens not stated")
+        return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
+                      1, int(new.group(1)), assumed=tuple(assumed))
+    if r.method not in ("full", "lora", "qlora"):
+        return Figure(None, model, reason=f"method not stated as full, lora or qlora ({r.method or 'empty'})")
+    if not _stated(r.gradient_checkpointing):
+        return Figure(None, model, reason="gradient checkpointing not stated")
+    optimizer = r.optimizer.lower()
+    if "in_bwd" in optimizer:
+        return Figure(None, model, reason="the optimizer steps inside backward (not modelled)")
+    if not optimizer:
+        return Figure(None, model, reason="optimizer not stated")
+    settings: dict = {"optimizer": "paged-adamw-8bit" if "paged" in optimizer else
+                      "adamw-8bit" if "8bit" in optimizer else "adamw"}
+    if "paged" in optimizer and "8bit" not in optimizer:
+        assumed.append("32-bit paged AdamW taken as the 8-bit paged one: both keep their state outside PyTorch's "
+                       "allocator")
+    if r.precision:
+        settings["precision"] = r.precision
+    else:
+        return Figure(None, model, reason="precision not stated")
+    name = r.method + ("_gc" if r.gradient_checkpointing.startswith("True") else "")
+    if zero:
+        name = f"{r.method}_zero{zero.group(1)}" + ("_gc" if name.endswith("_gc") else "")
+    if r.method != "full":
+        if not NUMBER.match(r.lora_r) or not _stated(r.lora_targets):
+            return Figure(None, model, reason="LoRA rank or targets not stated")
+        settings.update(lora_rank=int(r.lora_r), lora_targets=_lora_targets(r.lora_targets))
+        if NUMBER.match(r.lora_alpha):
+            settings["lora_alpha"] = int(r.lora_alpha)
+    if r.method == "qlora":
+        quant = r.quant_type.split(" ")[0].lower()
+        if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
+            return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
+        settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
+    return Figure(with_overrides(get_method(name), **settings), model, int(r.batch_size), seq_len,
+                  gpus if zero else 1, 1, assumed=tuple(assumed))
+
+
+def _lora_targets(text: str) -> str:
+    if text.strip().lower() in ("all", "all-linear", "all linear"):
+        return ALL_LINEAR
+    names: list[str] = []
+    for part in text.split(","):
+        for name in LORA_NAMES.get(part.strip().lower(), [part.strip()]):
+            if name not in names:
+                names.append(name)
+    return ",".join(names)
+
+
+def compare_wide(table: Path, models: Path | None = None, split: str | None = None) -> pd.DataFrame:
+    """One row per figure of wide.csv (``split``: only those): the estimate for the counter the source reports, the
+    relative error, or the reason there is none (a setting not stated, a setup not modelled, the estimate's own
+    refusal); ``static_bytes``, the least any run with the stated settings holds."""
+    configs = json.loads((models or table.with_name("models.json")).read_text())
+    rows = []
+    for _, r in pd.read_csv(table, dtype=str, keep_default_na=False).iterrows():
+        if split and r.split != split:
+            continue
+        figure = read_figure(r, configs)
+        measured = float(r.measured) * UNITS[r.unit]
+        row = {"split": r.split, "project": r.project, "model": figure.model, "kind": r.kind,
+               "method": figure.method.label if figure.method else r.method, "batch_size": figure.batch_size,
+               "seq_len": figure.seq_len, "world_size": figure.world_size, "counter": r.counter,
+               "measured_bytes": measured, "estimated_bytes": None, "error": None, "reason": figure.reason,
+               "assumed": "; ".join(figure.assumed), "static_bytes": None, "notes": ""}
+        if figure.method is not None:
+            spec = dict(configs[figure.model]["config"])
+            config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+            try:
+                e = estimate(figure.method, config, figure.batch_size, figure.seq_len, figure.world_size, "cuda",
+                             figure.model, new_tokens=figure.new_tokens)
+            except EstimateError as exc:
+                row["reason"] = f"refused: {exc}"
+            else:
+                predicted = e.reserved()["bytes"] if COUNTERS.get(r.counter) == "reserved" else e.peak_bytes
+                # What no run with these settings can go below: weights, and for training the gradients and the
+                # optimizer state at the step (counted exactly; a figure under it contradicts its stated settings).
+                last = e.instants[list(e.instants)[-1]]
+                static = sum(v for c, v in last.items() if c not in ("activations", "temporaries", "kv_cache"))
+                row.update(estimated_bytes=predicted, error=predicted / measured - 1, static_bytes=static,
+                           notes="; ".join(e.notes))
+        rows.append(row)
     return pd.DataFrame(rows)
