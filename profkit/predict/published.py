@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from transformers import AutoConfig
 
-from profkit.core.methods import ALL_LINEAR, Method, get_method, with_overrides
+from profkit.core.methods import ALL_LINEAR, Method, OverrideError, get_method, with_overrides
 from profkit.predict.estimate import EstimateError, estimate
 
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
@@ -147,7 +147,7 @@ def read_figure(r, models: dict) -> Figure:
         assumed.append("32-bit paged AdamW taken as the 8-bit paged one: both keep their state outside PyTorch's "
                        "allocator")
     if r.precision:
-        settings["precision"] = r.precision
+        settings["precision"] = r.precision.split(" ")[0]  # the value, without the source's explanation after it
     else:
         return Figure(None, model, reason="precision not stated")
     name = r.method + ("_gc" if r.gradient_checkpointing.startswith("True") else "")
@@ -164,8 +164,11 @@ def read_figure(r, models: dict) -> Figure:
         if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
             return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
         settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
-    return Figure(with_overrides(get_method(name), **settings), model, int(r.batch_size), seq_len,
-                  gpus if zero else 1, 1, assumed=tuple(assumed))
+    try:
+        method = with_overrides(get_method(name), **settings)
+    except OverrideError as exc:  # a setting the source states in words profkit has no value for
+        return Figure(None, model, reason=f"setting not understood: {exc}")
+    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero else 1, 1, assumed=tuple(assumed))
 
 
 def _lora_targets(text: str) -> str:
