@@ -113,7 +113,7 @@ def test_zero_partitions_across_ranks():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["lora", "--preset", "nope"], "--preset 'nope': valid values are micro, tiny, gpu-check, llama-3.2-3b"),
+    (["lora", "--preset", "nope"], "--preset 'nope': valid values are micro, tiny, micro-moe, gpu-check, llama-3.2-3b"),
     (["lora", "--model", "/nonexistent"], "not a readable Hugging Face checkpoint"),
     (["infer_fp16", "--world-size", "2"], "generation is estimated on one device"),
     (["sgd"], "valid methods: full"),
