@@ -76,7 +76,8 @@ def test_the_estimate_matches_a_cpu_recording_of_each_family(family, name, famil
     assert len(compared), bd.records["run"].estimate  # the live estimate ran, or says why not
     for category in STATIC:
         assert compared.loc[category].predicted_bytes == compared.loc[category].measured_bytes, category
-    assert compared.loc["parameters_quantized"].measured_bytes > 0 if name == "qlora" else True
+    if name == "qlora":
+        assert compared.loc["parameters_quantized"].measured_bytes > 0
     assert abs(compared.loc["activations"].error) <= 0.01, compared.loc["activations"].to_dict()
 
 

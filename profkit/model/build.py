@@ -194,7 +194,7 @@ def build_model(method: Method, settings: RunSettings, device: str):
     the Trainer engine leaves to ``TrainingArguments``, as its users do)."""
     p = plan(method, device)
     path = settings.model_path or materialize_preset(settings.preset)
-    attention, _ = attention_for(AutoConfig.from_pretrained(path, local_files_only=True), p.attn_implementation)
+    attention, _ = attention_for(model_config(settings), p.attn_implementation)
     kwargs: dict[str, Any] = {"dtype": p.load_dtype, "device_map": {"": device}, "attn_implementation": attention}
     if p.quantization is not None:
         kwargs["quantization_config"] = p.quantization
