@@ -9,7 +9,8 @@ from profkit.core.methods import METHODS, OverrideError, UnknownMethodError, get
 
 TRAINING = ["full", "full_gc", "lora", "lora_gc", "qlora", "qlora_gc", "lora_zero2", "lora_zero3", "lora_zero2_gc",
             "lora_zero3_gc", "qlora_zero2", "qlora_zero3", "qlora_zero2_gc", "qlora_zero3_gc", "full_zero2",
-            "full_zero3", "full_zero2_gc", "full_zero3_gc"]
+            "full_zero3", "full_zero2_gc", "full_zero3_gc", "full_fsdp", "full_fsdp_gc", "lora_fsdp", "lora_fsdp_gc",
+            "qlora_fsdp", "qlora_fsdp_gc"]
 
 
 def test_registry_has_the_study_matrix():
@@ -24,6 +25,7 @@ def test_names_match_settings(name):
     assert m.quantization == ("nf4" if name.startswith("qlora") else None)
     assert m.adapter == ("none" if name.startswith("full") else "lora")
     assert m.zero_stage == (2 if "zero2" in name else 3 if "zero3" in name else 0)
+    assert m.fsdp == ("fsdp" in name) and m.sharded == ("zero" in name or "fsdp" in name)
     assert m.learning_rate == (2e-5 if name.startswith("full") else 2e-4)
 
 
@@ -61,8 +63,8 @@ def test_analysis_imports_no_torch():
     ("full", {"lora_rank": 16}, "--lora-rank applies to LoRA methods; full trains no adapter"),
     ("lora", {"quant_type": "fp4"}, "--quant-type applies to 4-bit methods"),
     ("lora", {"double_quant": False}, "--double-quant applies to 4-bit methods"),
-    ("lora", {"zero_offload": "optimizer"}, "--zero-offload applies to ZeRO methods"),
-    ("lora_zero2", {"zero_offload": "optimizer+params"}, "ZeRO-3 only"),
+    ("lora", {"offload": "optimizer"}, "--offload applies to sharded methods"),
+    ("lora_zero2", {"offload": "optimizer+params"}, "ZeRO-3 only"),
     ("infer_fp16", {"optimizer": "sgd"}, "applies to training methods"),
     ("lora", {"optimizer": "lion"}, "valid values are adamw, adamw-8bit, paged-adamw-8bit, sgd"),
     ("lora", {"lora_targets": "all-linear,q_proj"}, "all-linear stands alone"),

@@ -99,7 +99,7 @@ def test_estimate_any_config_directory_with_settings(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["full", "--lora-rank", "16"], "--lora-rank applies to LoRA methods"),
     (["lora", "--precision", "fp8"], "valid values are auto, fp32"),
-    (["lora_zero2", "--zero-offload", "optimizer+params"], "ZeRO-3 only"),
+    (["lora_zero2", "--offload", "optimizer+params"], "ZeRO-3 only"),
 ])
 def test_settings_that_make_no_sense_exit_2(args, message, tmp_path):
     for command in (["record", *args, *FAST, "-o", str(tmp_path)], ["estimate", *args]):

@@ -396,8 +396,10 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         if run_dir.memory_timeline.is_file() or own is None:
             timeline = c.timelines[src.run] = load_timeline(run_dir.memory_timeline)
             m = export = analyze_memory(record, timeline, c.windows[src.run], kv_cache_at(record, memory_trace))
-        else:
-            m = own  # the export is gone (a torch without it, or it failed): the run's own attribution stands
+        if own is not None and (export is None or record.settings.get("fsdp")):
+            # The export gone (a torch without it, or it failed), the run's own attribution stands. Under FSDP it
+            # stands anyway: the export cannot tell the gathered parameters from what else it calls parameters.
+            m = own
         if own is not None and (export is not None or allocator is not None):
             sources = compare_sources(export.rows if export is not None else None, own.rows, allocator)
             c.add("memory_sources", sources, src.run, method)

@@ -70,7 +70,8 @@ def owners_of(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> dict
 # temporary. What a forward op computes from the weights alone (ZeRO-3's gathered parameter, QLoRA's dequantized
 # weight) is a temporary; an op that reads a gradient or optimizer state is not the forward pass's.
 FROM_THE_BATCH = {"activations", "inputs", "before_step"}
-ALSO_READ = {"parameters_trainable", "parameters_frozen", "parameters_quantized", "buffers", "temporaries"}
+ALSO_READ = {"parameters_trainable", "parameters_frozen", "parameters_quantized", "parameters_unsharded", "buffers",
+             "temporaries"}
 
 
 def _from_the_batch(inputs, owner: dict[int, str]) -> bool:

@@ -82,10 +82,10 @@ def record(
         inference = [m.name for m in chosen if m.kind != "train"]
         fail_usage(f"--engine trainer records training methods only; {', '.join(inference)} "
                    + ("is an inference method" if len(inference) == 1 else "are inference methods"))
-    if nproc > 1 and any(not m.zero_stage for m in chosen):
-        single = [m.name for m in chosen if not m.zero_stage]
-        fail_usage(f"--nproc {nproc} needs methods that share work across ranks (the ZeRO methods: "
-                   f"{', '.join(n for n, m in METHODS.items() if m.zero_stage)}); {', '.join(single)} would run "
+    if nproc > 1 and any(not m.sharded for m in chosen):
+        single = [m.name for m in chosen if not m.sharded]
+        fail_usage(f"--nproc {nproc} needs methods that share work across ranks (the ZeRO and FSDP methods: "
+                   f"{', '.join(n for n, m in METHODS.items() if m.sharded)}); {', '.join(single)} would run "
                    f"{nproc} independent copies")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")

@@ -16,7 +16,7 @@ QUANT_TYPES = ("nf4", "fp4")
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
 ATTENTIONS = ("sdpa", "flash", "eager")
-ZERO_OFFLOADS = ("none", "optimizer", "optimizer+params")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
 
 
@@ -30,6 +30,10 @@ class Method:
     quantization: Literal["nf4", "fp4"] | None = None
     gradient_checkpointing: bool = False
     zero_stage: Literal[0, 2, 3] = 0
+    # PyTorch FSDP2 (``fully_shard``), one unit per decoder layer and one for the rest, as torchtune and accelerate
+    # wrap; with a mixed precision the policy casts the gathered parameters (torchtitan's), not autocast.
+    fsdp: bool = False
+    reshard_after_forward: bool = True  # FSDP: free each layer's gathered parameters after its forward
     learning_rate: float = 2e-5
     lora_r: int = 8
     lora_alpha: int = 16
@@ -40,7 +44,8 @@ class Method:
     precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"] = "auto"
     optimizer: Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd"] = "adamw"
     attention: Literal["sdpa", "flash", "eager"] = "sdpa"
-    zero_offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    # To host memory: ZeRO-Offload's optimizer (+ params) or FSDP's CPUOffloadPolicy (params, gradients and step).
+    offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -52,14 +57,21 @@ class Method:
                 out.pop(key)
         if not self.quantization:
             out.pop("double_quant")
-        if not self.zero_stage:
-            out.pop("zero_offload")
+        if not self.sharded:
+            out.pop("offload")
+        if not self.fsdp:
+            out.pop("reshard_after_forward")
         if self.kind == "infer":
-            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "zero_offload"):
+            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp"):
                 out.pop(key, None)
         if not self.variant:
             out.pop("variant")
         return out
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the method shares its state across ranks (ZeRO or FSDP), so that ``--nproc`` means something."""
+        return bool(self.zero_stage) or self.fsdp
 
     @property
     def label(self) -> str:
@@ -81,7 +93,7 @@ class Setting:
     methods it makes sense for, and how its value appears in a run's name."""
 
     field: str
-    applies: Literal["lora", "quantized", "train", "zero", "any"]
+    applies: Literal["lora", "quantized", "train", "sharded", "fsdp", "any"]
     label: Callable[[Any], str]
     option: CommandOption
 
@@ -112,8 +124,12 @@ SETTINGS: dict[str, Setting] = {
     "optimizer": _setting("optimizer", "train", str, "--optimizer", f"{', '.join(OPTIMIZERS)}.", str, OPTIMIZERS),
     "attention": _setting("attention", "any", lambda v: f"attn-{v}", "--attention", f"{', '.join(ATTENTIONS)} "
                           "(what the model is built with; flash on CPU runs sdpa).", str, ATTENTIONS),
-    "zero_offload": _setting("zero_offload", "zero", lambda v: "offload-" + v.replace("+", "-"), "--zero-offload",
-                             f"ZeRO-Offload to host memory: {', '.join(ZERO_OFFLOADS)}.", str, ZERO_OFFLOADS),
+    "offload": _setting("offload", "sharded", lambda v: "offload-" + v.replace("+", "-"), "--offload",
+                        f"To host memory: {', '.join(OFFLOADS)} (ZeRO-Offload; FSDP's CPU offload moves parameters, "
+                        "gradients and the optimizer step together: optimizer+params).", str, OFFLOADS),
+    "reshard_after_forward": _setting("reshard_after_forward", "fsdp", lambda v: "reshard" if v else "no-reshard",
+                                      "--reshard-after-forward", "FSDP: free each layer's gathered parameters after "
+                                      "its forward (gathered again for backward).", bool),
 }
 
 
@@ -137,8 +153,10 @@ def with_overrides(method: Method, **overrides) -> Method:
                                 "its weights in the model dtype")
         if applies == "train" and method.kind != "train":
             raise OverrideError(f"{flag} applies to training methods; {method.name} is inference")
-        if applies == "zero" and not method.zero_stage:
-            raise OverrideError(f"{flag} applies to ZeRO methods; {method.name} does not use DeepSpeed")
+        if applies == "sharded" and not method.sharded:
+            raise OverrideError(f"{flag} applies to sharded methods (ZeRO, FSDP); {method.name} shards nothing")
+        if applies == "fsdp" and not method.fsdp:
+            raise OverrideError(f"{flag} applies to FSDP methods; {method.name} does not use FSDP")
         if option == "lora_targets":
             value = tuple(t.strip() for t in (value.split(",") if isinstance(value, str) else value) if t.strip())
             if not value:
@@ -149,9 +167,12 @@ def with_overrides(method: Method, **overrides) -> Method:
         if (low is not None and value < low) or (high is not None and value > high):
             raise OverrideError(f"{flag} {value}: outside " + (f"[{low:g}, {high:g}]" if high is not None
                                                                else f"[{low:g}, ...)"))
-        if option == "zero_offload" and value == "optimizer+params" and method.zero_stage != 3:
+        if option == "offload" and value == "optimizer+params" and method.zero_stage == 2:
             raise OverrideError(f"{flag} optimizer+params: DeepSpeed offloads parameters with ZeRO-3 only; "
-                                f"{method.name} is ZeRO-{method.zero_stage}")
+                                f"{method.name} is ZeRO-2")
+        if option == "offload" and value == "optimizer" and method.fsdp:
+            raise OverrideError(f"{flag} optimizer: FSDP's CPU offload moves the parameters' shards and gradients with "
+                                "the optimizer state (its step runs on the host); use optimizer+params")
         changes[field_name] = value
     changed = replace(method, **changes)
     parts = [s.label(getattr(changed, s.field)) for s in SETTINGS.values()
@@ -183,6 +204,12 @@ def with_zero(method: Method, stage: Literal[2, 3]) -> Method:
                    description=f"{method.description}; DeepSpeed ZeRO-{stage}")
 
 
+def with_fsdp(method: Method) -> Method:
+    base = method.name.removesuffix("_gc")
+    return replace(method, name=f"{base}_fsdp" + ("_gc" if method.gradient_checkpointing else ""), fsdp=True,
+                   description=f"{method.description}; PyTorch FSDP2 (fully_shard per decoder layer)")
+
+
 def infer_fp16() -> Method:
     return Method("infer_fp16", "infer", "generate() in half precision (bf16/fp32 on CPU), batch 1 unless --batch-size")
 
@@ -194,9 +221,11 @@ def infer_int4() -> Method:
 
 def _registry() -> dict[str, Method]:
     train = [full(), with_gc(full()), lora(), with_gc(lora()), qlora(), with_gc(qlora())]
-    for base in (lora(), qlora(), full()):  # ZeRO (and FSDP, which shards like ZeRO-3) for full fine-tuning too
+    for base in (lora(), qlora(), full()):
         for stage in (2, 3):
             train += [with_zero(base, stage), with_zero(with_gc(base), stage)]
+    for base in (full(), lora(), qlora()):
+        train += [with_fsdp(base), with_fsdp(with_gc(base))]
     methods = train + [infer_fp16(), infer_int4()]
     return {m.name: m for m in methods}
 

@@ -44,10 +44,10 @@ class RunSettings:
     memory_steps: int = 1  # active steps of the memory-profiling cycle
     seed: int = 0
     engine: str = _option("loop", "--engine", "loop: profkit's own training loop; trainer: transformers.Trainer "
-                          "with profkit's callback and a DeepSpeed config with Hugging Face's \"auto\" sizes.", str,
-                          choices=ENGINES)
-    nproc: int = _option(1, "--nproc", "Ranks to launch with torchrun (gloo on CPU, NCCL on GPUs); ZeRO partitions "
-                         "across them. Each rank records into rank<k>/ of the run.", int, minimum=1)
+                          "with profkit's callback, a DeepSpeed config with Hugging Face's \"auto\" sizes, or "
+                          "accelerate's FSDP2 plugin.", str, choices=ENGINES)
+    nproc: int = _option(1, "--nproc", "Ranks to launch with torchrun (gloo on CPU, NCCL on GPUs); ZeRO and FSDP "
+                         "shard across them. Each rank records into rank<k>/ of the run.", int, minimum=1)
     overrides: dict = field(default_factory=dict)  # method settings from the command line (lora_rank=16, ...)
     repeats: int = _option(1, "--repeats", "Record each method this many times, each in fresh processes, as "
                            "repetitions of one run (rep<k>/): the spread that comparisons must exceed.", int,

@@ -21,7 +21,9 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import (build_model, make_optimizer, plan, setting_unsupported, tokenizer_for,
                                  unsupported_reason)
 from profkit.model.data import inference_prompts, token_blocks, training_batches
-from profkit.model.zero import init_process_group, trainer_deepspeed_config
+from profkit.model.distributed import init_process_group
+from profkit.model.fsdp import shard, trainer_fsdp_arguments
+from profkit.model.zero import init_zero_process_group, trainer_deepspeed_config
 from profkit.record.hf import TrainerCallback
 
 
@@ -56,6 +58,11 @@ def _autocast(device: str, dtype: torch.dtype | None):
 
 def build(method: Method, settings: RunSettings, device: str) -> Workload:
     reason = unsupported_reason(method, device)
+    if not reason and settings.engine == "trainer" and method.fsdp and device == "cpu":
+        # accelerate (under the Trainer) turns its FSDP plugin on only where its distributed type is FSDP, which it
+        # never is on CPU: the Trainer would train the model unsharded.
+        reason = ("FSDP through the Trainer on CPU: accelerate enables its FSDP plugin on accelerators only (on CPU "
+                  "its distributed type stays NO and the model would train unsharded); use --engine loop, or GPUs")
     if not reason and settings.engine == "trainer" and settings.nproc > 1 and device == "cpu":
         # accelerate (under the Trainer) starts its distributed state only for accelerators, or with use_cpu,
         # which turns DeepSpeed off: on CPU every rank would count itself as the only process.
@@ -74,17 +81,21 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
     if settings.engine == "trainer":
         return _trainer_workload(method, settings, device, tokenizer, model)
     batches = training_batches(tokenizer, settings, device, int(os.environ.get("RANK", 0)) if settings.nproc > 1 else 0)
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    p = plan(method, device)
+    if method.fsdp:
+        init_process_group(device)
+        model = shard(model, method, p.fsdp_param_dtype, device)  # before the optimizer: it steps on the shards
+    trainable = [prm for prm in model.parameters() if prm.requires_grad]
     optimizer = make_optimizer(method, trainable)
-    autocast = plan(method, device).autocast
+    autocast = p.autocast
     engine = None
     if method.zero_stage:
         import deepspeed  # optional: ZeRO methods only (build checked it imports)
-        init_process_group(device)
+        init_zero_process_group(device)
         zero: dict[str, Any] = {"stage": method.zero_stage}
-        if method.zero_offload != "none":
+        if method.offload != "none":
             zero["offload_optimizer"] = {"device": "cpu"}
-            if method.zero_offload == "optimizer+params":
+            if method.offload == "optimizer+params":
                 zero["offload_param"] = {"device": "cpu"}
         ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
                      "zero_optimization": zero, "zero_allow_untested_optimizer": True,
@@ -112,21 +123,23 @@ TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-
 
 def _trainer_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:
     """The method through ``transformers.Trainer``, as the reference study and most users run it: precision and
-    gradient checkpointing from ``TrainingArguments``, ZeRO from a DeepSpeed config with "auto" sizes."""
+    gradient checkpointing from ``TrainingArguments``, ZeRO from a DeepSpeed config with "auto" sizes, FSDP2 from
+    ``fsdp_config`` (accelerate's plugin)."""
     blocks = token_blocks(tokenizer, settings)
     dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
     p = plan(method, device)
+    half = p.autocast or p.fsdp_param_dtype  # accelerate takes its FSDP policy's dtype (and autocast) from these
     if method.zero_stage:
-        init_process_group(device)
+        init_zero_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
     args = TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,
         learning_rate=method.learning_rate, lr_scheduler_type="constant", optim=TRAINER_OPTIM[method.optimizer],
         gradient_checkpointing=method.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,
-        bf16=p.autocast == torch.bfloat16, fp16=p.autocast == torch.float16,
-        use_cpu=device == "cpu" and not method.zero_stage, deepspeed=trainer_deepspeed_config(method.zero_stage, method.zero_offload)
-        if method.zero_stage else None, seed=settings.seed, data_seed=settings.seed, report_to="none",
+        bf16=half == torch.bfloat16, fp16=half == torch.float16, use_cpu=device == "cpu" and not method.zero_stage,
+        deepspeed=trainer_deepspeed_config(method.zero_stage, method.offload) if method.zero_stage else None,
+        **(trainer_fsdp_arguments(method, model) if method.fsdp else {}), seed=settings.seed, data_seed=settings.seed, report_to="none",
         save_strategy="no", logging_strategy="no", disable_tqdm=True, remove_unused_columns=False,
         dataloader_pin_memory=device == "cuda")
 

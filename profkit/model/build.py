@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.quantizers.base import get_keys_to_not_convert
 from transformers.quantizers.quantizers_utils import should_convert_module
@@ -28,6 +28,7 @@ from profkit.core.methods import ALL_LINEAR, Method, UnsupportedError
 from profkit.core.presets import get_preset
 from profkit.core.quiet import library_output
 from profkit.core.settings import RunSettings
+from profkit.model.distributed import backend_missing
 
 with library_output():  # peft imports bitsandbytes, whose kernel loaders announce themselves on stderr at import
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -57,10 +58,10 @@ def unsupported_reason(method: Method, device: str) -> str | None:
             import deepspeed  # noqa: F401  optional: its failing import is the reason reported
         except Exception as exc:
             return f"ZeRO-{method.zero_stage} needs DeepSpeed, which failed to import: {exc}"
-        backend = "nccl" if device == "cuda" else "gloo"
-        available = dist.is_available() and (dist.is_nccl_available() if backend == "nccl" else dist.is_gloo_available())
-        if not available:
-            return f"ZeRO-{method.zero_stage} needs the torch.distributed {backend} backend, which this torch build lacks"
+    if method.sharded:
+        missing = backend_missing(device)
+        if missing:
+            return f"{'FSDP' if method.fsdp else f'ZeRO-{method.zero_stage}'} needs {missing}"
     return None
 
 
@@ -135,6 +136,7 @@ class ModelPlan:
     lora: Any  # peft's LoraConfig, or None
     lora_dtype_follows_base: bool  # bf16-pure: the adapters in bf16 too (peft keeps them fp32 otherwise)
     attn_implementation: str  # what transformers builds the attention with
+    fsdp_param_dtype: torch.dtype | None = None  # FSDP's mixed precision: the gathered parameters' dtype
     notes: tuple[str, ...] = ()
 
 
@@ -154,16 +156,21 @@ def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelP
         load = torch.float32  # trainable full fine-tuning weights stay fp32 under mixed precision
     else:
         load = half  # frozen bases in half precision; bf16-pure: everything
+    autocast = half if precision.endswith("-mixed") else None
+    fsdp_param_dtype = None
+    if method.fsdp and autocast is not None:
+        fsdp_param_dtype, autocast = autocast, None  # FSDP's policy casts what it gathers instead
     quant = None
     if method.quantization:
-
         compute = half if half != torch.float32 else torch.float32
+        # FSDP: the 4-bit weights packed into the frozen weights' dtype (QLoRA's FSDP recipe), so the mixed
+        # precision policy's cast of what it gathers leaves the packed values alone.
+        storage = {"bnb_4bit_quant_storage": load} if method.fsdp else {}
         quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=method.quantization,
-                                   bnb_4bit_use_double_quant=method.double_quant, bnb_4bit_compute_dtype=compute)
+                                   bnb_4bit_use_double_quant=method.double_quant, bnb_4bit_compute_dtype=compute,
+                                   **storage)
     lora = None
     if method.adapter == "lora":
-
-
         targets = ALL_LINEAR if method.lora_targets == (ALL_LINEAR,) else list(method.lora_targets)
         lora = LoraConfig(r=method.lora_r, lora_alpha=method.lora_alpha, lora_dropout=method.lora_dropout,
                           target_modules=targets, task_type="CAUSAL_LM")
@@ -172,9 +179,9 @@ def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelP
         attention = "sdpa"
         notes.append("--attention flash on CPU: flash-attention 2 is CUDA-only; sdpa runs, which on CPU picks "
                      "PyTorch's own flash kernel for CPU")
-    return ModelPlan(precision, load, half if precision.endswith("-mixed") else None, quant,
-                     bool(method.quantization) and method.kind == "train", method.gradient_checkpointing and
-                     method.kind == "train", lora, precision == "bf16-pure", attention, tuple(notes))
+    return ModelPlan(precision, load, autocast, quant, bool(method.quantization) and method.kind == "train",
+                     method.gradient_checkpointing and method.kind == "train", lora, precision == "bf16-pure",
+                     attention, fsdp_param_dtype, tuple(notes))
 
 
 def make_optimizer(method: Method, params: list):
@@ -217,6 +224,11 @@ def build_model(method: Method, settings: RunSettings, device: str):
         model = with_lora(model, p)
     model.train()
     return model
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' decoder layers: the units gradient checkpointing wraps, and FSDP."""
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
 
 
 def attention_for(config, requested: str) -> tuple[str, str | None]:
@@ -314,8 +326,8 @@ def _check_cpu_4bit_inference(model, device: str) -> None:
 
 def setting_unsupported(method: Method, device: str) -> str | None:
     """Why a command-line setting cannot run here, checked before any training."""
-    if method.zero_offload != "none" and device == "cpu":
-        return "--zero-offload moves state from the GPU to host memory; on CPU everything is in host memory already"
+    if method.offload != "none" and device == "cpu":
+        return "--offload moves state from the GPU to host memory; on CPU everything is in host memory already"
     if method.attention == "flash" and device == "cuda":
         try:
             import flash_attn  # noqa: F401  optional: its failing import is the reason reported

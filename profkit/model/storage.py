@@ -4,15 +4,24 @@ counts bytes (the inventory, the KV cache, the estimate on the meta device) coun
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of ``t``: a DTensor's local shard (FSDP2's parameters, their gradients and optimizer
+    state), any other tensor itself."""
+    inner = getattr(t, "_local_tensor", None)
+    return inner if isinstance(inner, torch.Tensor) else t
 
 
 def storage_id(t: torch.Tensor) -> tuple[str, int]:
     """The storage ``t`` views: on a real device its memory (device, base address), so storages that alias the
     same memory count once; on the meta device, where every address is 0, the storage object itself (the
     address of its StorageImpl, which torch's own ``StorageWeakRef`` keys on)."""
+    t = local_tensor(t)
     storage = t.untyped_storage()
     if t.device.type == "meta":
         return "meta", storage._cdata
@@ -23,5 +32,24 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     """Bytes of the distinct storages that ``tensors`` view, each counted once."""
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
-        seen.setdefault(storage_id(t), t.untyped_storage().nbytes())
+        seen.setdefault(storage_id(t), local_tensor(t).untyped_storage().nbytes())
     return sum(seen.values())
+
+
+def unsharded_storages(model: torch.nn.Module) -> Iterator[torch.Tensor]:
+    """Tensors whose storages hold the gathered (unsharded) parameters of every FSDP unit: FSDP keeps one storage
+    per parameter and resizes it to the full size for each gather and to 0 after (``FSDPParam.all_gather_outputs``;
+    with tensor-subclass extensions, ``_unsharded_inner_tensors``). Private to torch, read defensively: a torch
+    that names them otherwise yields nothing, and the gathered bytes are then filed as what allocated them."""
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            group = getattr(state, "_fsdp_param_group", None)
+            groups = [group] if group is not None else []
+        for group in groups:
+            for param in getattr(group, "fsdp_params", ()):
+                yield from getattr(param, "all_gather_outputs", ())
+                yield from getattr(param, "_unsharded_inner_tensors", ())

@@ -4,31 +4,21 @@ that follow from it (which the estimate needs). DeepSpeed is imported where used
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from transformers import TrainingArguments
 from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
-from profkit.core.ports import free_port
+from profkit.model.distributed import init_process_group
 
 
-def init_process_group(device: str) -> None:
-    """The process group DeepSpeed needs: torchrun's ranks when it launched us (its environment wins), else a
-    group of one on a free local port."""
+def init_zero_process_group(device: str) -> None:
+    """The process group DeepSpeed needs, made by DeepSpeed (``model.distributed``)."""
     import deepspeed  # optional: only ZeRO methods need it, and unsupported_reason reports its absence
 
-    if dist.is_initialized():
-        return
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    deepspeed.init_distributed(dist_backend="nccl" if device == "cuda" else "gloo")
+    init_process_group(device, lambda backend: deepspeed.init_distributed(dist_backend=backend))
 
 
 def zero_buffers(stage: int, model=None, engine: str = "loop") -> dict[str, int]:

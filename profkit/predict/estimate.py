@@ -45,13 +45,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache, masking_utils
-from transformers.modeling_layers import GradientCheckpointingLayer
 
 from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.build import meta_model, model_config
+from profkit.model.build import decoder_layers, meta_model, model_config
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
 
@@ -272,11 +271,6 @@ def _contiguous_batches():
         masking_utils.find_packed_sequence_indices = original
 
 
-def _decoder_layers(model) -> list:
-    """The units gradient checkpointing wraps: transformers' checkpointable decoder layers."""
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-
-
 def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
                        gathered: set[int] = frozenset()) -> SavedForBackward:
     """One training forward on the meta device; every saved tensor counted once per storage.
@@ -320,7 +314,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     def lm_head_input(module, args, output):
         at_loss.setdefault(storage_id(args[0]), args[0].untyped_storage().nbytes())
 
-    layers = _decoder_layers(model)
+    layers = decoder_layers(model)
     if not layers:
         raise EstimateError(f"{type(model).__name__}: no decoder layers that transformers can checkpoint were "
                             "found, so activations cannot be attributed per layer")
@@ -372,6 +366,128 @@ def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool
     return params, parts, trainable
 
 
+# --------------------------------------------------------------------------- FSDP2
+
+def _shard_numel(shape: tuple[int, ...], world: int) -> int:
+    """Elements each rank holds of a parameter FSDP shards: dim 0 in ``world`` chunks, each padded to the first's
+    size (``FSDPParam``: ``torch.chunk``, then a padded copy), so rank 0's is every rank's."""
+    if not shape:
+        return 1
+    return math.ceil(shape[0] / world) * math.prod(shape[1:])
+
+
+@dataclass
+class _Fsdp:
+    """What FSDP2 holds per rank: the shards (static), and what it gathers and reduces during a step."""
+
+    static: dict[str, int]  # the parameter categories and optimizer_state, per rank, on the device
+    gradients: int  # the sharded gradients (padded, as its reduce-scatter writes them)
+    root: int  # the root unit gathered: embeddings, final norm, LM head (kept from forward to backward)
+    layer: int  # the largest decoder layer gathered
+    layers: int  # every decoder layer gathered
+    root_grads: int  # the root's unsharded gradients alive through the layers' backward (the LM head's)
+    layer_grads: int  # a layer's unsharded gradients and its reduce-scatter input
+    reshard: bool
+    optimizer_temporaries: int
+    detail: dict[str, int]
+    notes: list[str]
+
+    def instants(self, forward_activations: int, backward_activations: int, logits_grad: int) -> dict:
+        """``logits_grad``: the loss' backward, two gradients of the fp32 logits' size."""
+        """Forward at the loss; backward at the larger of two moments: its start (the loss' gradients beside the LM
+        head's) or the last layer's backward (the layer gathered, the one before it prefetched, its gradients
+        unsharded and reduce-scattered); the optimizer step on the shards."""
+        # FSDP keeps the flat output of its latest all-gather (a layer's size) until the next all-gather's copy-in,
+        # so that the host cannot free it under the device: a temporary at every instant of forward and backward.
+        held_layers = 0 if self.reshard else self.layers
+        gathered = self.root + held_layers
+        # The loss' two gradients of the logits' size, then the LM head's: one of those beside its weight's gradient.
+        start = {"parameters_unsharded": gathered, "activations": backward_activations,
+                 "temporaries": max(logits_grad, logits_grad // 2 + self.root_grads) + self.layer}
+        in_layer = {"parameters_unsharded": gathered + (self.layer if self.reshard else 0),
+                    "activations": backward_activations,
+                    "temporaries": self.root_grads + self.layer_grads + self.layer}
+        backward = max(start, in_layer, key=lambda d: sum(d.values()))
+        return {
+            "forward": {**self.static, "parameters_unsharded": gathered, "activations": forward_activations,
+                        "temporaries": self.layer},
+            "backward": {**self.static, **backward},
+            "optimizer": {**self.static, "gradients": self.gradients, "temporaries": self.optimizer_temporaries},
+        }
+
+
+def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: Target) -> _Fsdp:
+    """FSDP2 as ``model.fsdp.shard`` applies it to ``model`` (the meta-device build, before any dtype change)."""
+    gathered_dtype = plan.fsdp_param_dtype
+    reduce_size = 4 if gathered_dtype is not None else None  # its policy reduces in fp32
+    names = dict(model.named_parameters())
+    static = {"parameters_trainable": 0, "parameters_frozen": 0, "parameters_quantized": 0, "optimizer_state": 0}
+    gradients = 0
+    shards: list[int] = []  # trainable shards' elements, for the optimizer
+    unsharded: dict[int, int] = {}  # id -> gathered bytes
+    grads_unsharded: dict[int, int] = {}  # id -> its unsharded gradient and reduce-scatter input, bytes
+    for name, prm in names.items():
+        if name in quantized:
+            # bitsandbytes packs two 4-bit values per byte into the frozen weights' dtype (the quant storage)
+            size = prm.element_size()
+            rows = (prm.numel() + 1) // (2 * size)
+            packed_shard = math.ceil(rows / world) * size
+            state = nf4_bytes(tuple(prm.shape), method.double_quant) - (prm.numel() + 1) // 2
+            static["parameters_quantized"] += packed_shard + state  # the quantization state is not sharded
+            unsharded[id(prm)] = packed_shard * world
+            continue
+        numel = _shard_numel(tuple(prm.shape), world)
+        size = prm.element_size()
+        gathered = (torch.empty((), dtype=gathered_dtype).element_size() if gathered_dtype is not None
+                    and prm.is_floating_point() else size)
+        unsharded[id(prm)] = numel * world * gathered
+        if prm.requires_grad:
+            static["parameters_trainable"] += numel * size
+            gradients += numel * size
+            shards.append(numel)
+            grads_unsharded[id(prm)] = numel * world * (gathered + (reduce_size or 0))
+        else:
+            static["parameters_frozen"] += numel * size
+    static["parameters_frozen"] += sum(b.numel() * b.element_size() for b in model.buffers())  # not sharded
+    trainable_size = next((p.element_size() for p in names.values() if p.requires_grad), 4)
+    step_bytes = (4 if target == "cpu" else 0) * len(shards) if method.optimizer == "adamw" else 0
+    static["optimizer_state"] = optimizer_state_bytes(method.optimizer, shards, trainable_size) + step_bytes
+    largest = max(shards, default=0) * trainable_size
+    optimizer_temporaries = (0 if method.optimizer == "sgd" else gradients if target == "cuda" and
+                             method.optimizer == "adamw" else 2 * largest)
+
+    layers = decoder_layers(model)
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    per_layer = [sum(unsharded[id(p)] for p in layer.parameters()) for layer in layers]
+    layer_grads = max((sum(grads_unsharded.get(id(p), 0) for p in layer.parameters()) for layer in layers), default=0)
+    embedding = model.get_input_embeddings().weight
+    tied = embedding is getattr(model.get_output_embeddings(), "weight", None)
+    root_grads = sum(b for i, b in grads_unsharded.items() if i not in in_layers and (tied or i != id(embedding)))
+    detail = {"fsdp_root_gathered": sum(b for i, b in unsharded.items() if i not in in_layers),
+              "fsdp_layer_gathered": max(per_layer, default=0), "fsdp_sharded_gradients": gradients}
+    notes = [f"FSDP2 over {world} rank(s): each rank's shards (dim 0, padded to a multiple of the ranks); the root "
+             "unit (embeddings, final norm, LM head) stays gathered from forward to the end of backward (FSDP's "
+             "default for the root); in backward a layer is gathered and the one before it prefetched"
+             + ("" if method.reshard_after_forward else "; --no-reshard-after-forward: every layer stays gathered "
+                "from its forward to its backward")]
+    if gathered_dtype is not None:
+        notes.append(f"FSDP mixed precision: parameters gathered and computed in "
+                     f"{str(gathered_dtype).removeprefix('torch.')}, gradients reduced in fp32, no autocast")
+    if method.offload != "none":
+        host = {f"host_{k}": v for k, v in static.items() if k != "parameters_frozen"}
+        host["host_parameters_frozen"] = static["parameters_frozen"] - sum(b.numel() * b.element_size()
+                                                                           for b in model.buffers())
+        host["host_gradients"] = gradients
+        detail.update(host)
+        static = {k: 0 for k in static} | {"parameters_frozen": static["parameters_frozen"] -
+                                             host["host_parameters_frozen"]}
+        gradients, optimizer_temporaries = 0, 0
+        notes.append("FSDP CPU offload: the shards, their gradients and the optimizer state are in pinned host "
+                     "memory (host_* in the detail) and the optimizer steps there; the GPU holds what is gathered")
+    return _Fsdp(static, gradients, detail["fsdp_root_gathered"], max(per_layer, default=0), sum(per_layer),
+                 root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, detail, notes)
+
+
 # --------------------------------------------------------------------------- the estimate
 
 def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int = 1,
@@ -399,8 +515,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         raise EstimateError(f"{method.label}: the Trainer engine with ZeRO and {method.optimizer} is not modelled")
     if world_size < 1:
         raise EstimateError(f"world size must be at least 1, got {world_size}")
-    if world_size > 1 and not method.zero_stage:
-        raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO method (plain data parallelism "
+    if world_size > 1 and not method.sharded:
+        raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO or FSDP method (plain data parallelism "
                             "replicates everything; estimate with --world-size 1)")
     model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
     notes: list[str] = list(plan.notes)
@@ -450,7 +566,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                 parts[key] -= big - math.ceil(big / world_size)
             if world_size > 1:
                 per_layer = max((sum(p.numel() * p.element_size() for p in m.parameters())
-                                 for m in _decoder_layers(model)), default=0)
+                                 for m in decoder_layers(model)), default=0)
                 # One layer gathered whole, plus DeepSpeed's prefetch bucket (elements, bf16).
                 in_flight = min(per_layer + buffers["prefetch_bucket_size"] * 2, sum(parts.values()) * world_size)
                 detail["zero3_gathered_parameters"] = in_flight
@@ -469,13 +585,13 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         optimizer_grads = trainable_bytes
         optimizer_temporaries = (0 if method.optimizer == "sgd" else
                                  trainable_bytes if target == "cuda" and method.optimizer == "adamw" else 2 * largest)
-    if method.zero_offload != "none":
-        notes.append(f"ZeRO-Offload ({method.zero_offload}): the optimizer state and the fp32 master partition live "
+    if method.offload != "none" and method.zero_stage:
+        notes.append(f"ZeRO-Offload ({method.offload}): the optimizer state and the fp32 master partition live "
                      "in host memory, not on the GPU" + ("; so do the parameters' partitions"
-                                                        if method.zero_offload == "optimizer+params" else ""))
+                                                        if method.offload == "optimizer+params" else ""))
         detail["offloaded_optimizer_state"] = optimizer_state
         optimizer_state, optimizer_temporaries = 0, 0
-        if method.zero_offload == "optimizer+params":
+        if method.offload == "optimizer+params":
             for key in ("parameters_trainable", "parameters_frozen"):
                 detail[f"offloaded_{key}"] = parts[key]
                 parts[key] = 0
@@ -485,6 +601,12 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     detail["adamw_step_temporaries"] = optimizer_temporaries
 
     four_bit = frozenset(id(p) for n, p in model.named_parameters() if n in quantized)
+    fsdp = _fsdp(model, quantized, world_size, plan, method, target) if method.fsdp else None
+    if plan.fsdp_param_dtype is not None:
+        # FSDP's mixed precision: each unit computes with its gathered parameters in the half dtype (no autocast)
+        for prm in model.parameters():
+            if prm.is_floating_point() and id(prm) not in four_bit:
+                prm.data = prm.data.to(plan.fsdp_param_dtype)
     with zero3_linear(zero3_linear_saves, unless=four_bit):
         saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered)
     checkpointing = method.gradient_checkpointing
@@ -493,9 +615,10 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     detail.update(saved_before_layers=saved.before_layers, saved_per_layer_max=max(saved.layers),
                   saved_layers_total=sum(saved.layers), saved_after_layers=saved.after_layers,
                   layer_inputs=saved.layer_inputs, live_at_loss=saved.at_loss)
-    # The loss' backward starts with a gradient the size of the fp32 logits (transformers upcasts them).
-    logits_grad = batch_size * seq_len * config.vocab_size * 4
-    detail["logits_gradient"] = logits_grad
+    # The loss' backward: nll_loss' gradient and log_softmax's, each the size of the fp32 logits (transformers
+    # upcasts them), live together (measured: a CPU recording of micro LoRA holds both at its backward peak).
+    logits_grad = 2 * batch_size * seq_len * config.vocab_size * 4
+    detail["loss_backward"] = logits_grad
 
     static = {**parts, "optimizer_state": optimizer_state}
     instants = {
@@ -506,6 +629,10 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         "optimizer": {**static, "gradients": optimizer_grads, "activations": 0,
                       "temporaries": optimizer_temporaries},
     }
+    if fsdp is not None:
+        instants = fsdp.instants(forward_activations, backward_activations, logits_grad)
+        detail.update(fsdp.detail, adamw_step_temporaries=fsdp.optimizer_temporaries)
+        notes += fsdp.notes
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "method": method.settings()}

@@ -27,6 +27,6 @@ def estimate_live(model: Any, record: RunRecord, input_shape: tuple[int, int], w
     method = Method(**{**fields, "name": found.get("method", "custom"), "kind": "train",
                        "description": "found on the live objects"})
     batch, seq = input_shape
-    world = world_size if method.zero_stage else 1
+    world = world_size if method.sharded else 1
     return estimate(method, config, batch, seq, world, "cuda" if device == "cuda" else "cpu", type(config).__name__,
                     "trainer" if record.engine == "trainer" else "loop").to_json()

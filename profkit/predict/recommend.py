@@ -10,10 +10,10 @@ import pandas as pd
 
 COLUMNS = ["method", "source", "peak_bytes", "step_time_s", "tokens_per_s", "time_costs", "fits"]
 # What each memory-saving measure is known to cost in time, heaviest first, for ranking methods no one has run:
-# ZeRO-3 gathers every layer's weights in forward and again in backward; 4-bit weights are dequantized at every
+# ZeRO-3 and FSDP (resharding after forward) gather every layer's weights in forward and again in backward; 4-bit weights are dequantized at every
 # use; gradient checkpointing runs the forward a second time; ZeRO-2 adds bucketed reductions and copies;
 # 8-bit and paged optimizers (de)quantize their state each step; offload moves state over PCIe every step.
-TIME_COSTS = {"zero_offload": 5, "zero3": 4, "quantization": 3, "gradient_checkpointing": 3, "zero2": 1,
+TIME_COSTS = {"offload": 5, "zero3": 4, "fsdp": 4, "fsdp_no_reshard": 2, "quantization": 3, "gradient_checkpointing": 3, "zero2": 1,
               "8bit_optimizer": 1}
 
 
@@ -30,10 +30,12 @@ def from_breakdown(runs: pd.DataFrame) -> pd.DataFrame:
 def time_costs(settings: dict) -> list[str]:
     """The measures a method's settings take that are known to cost time, heaviest first."""
     found = []
-    if settings.get("zero_offload", "none") != "none":
-        found.append("zero_offload")
+    if settings.get("offload", "none") != "none":
+        found.append("offload")
     if settings.get("zero_stage") == 3:
         found.append("zero3")
+    if settings.get("fsdp"):
+        found.append("fsdp" if settings.get("reshard_after_forward", True) else "fsdp_no_reshard")
     if settings.get("quantization"):
         found.append("quantization")
     if settings.get("gradient_checkpointing"):

@@ -2,8 +2,8 @@
 
 A user's model may be a peft model, a bitsandbytes-quantized model, a DeepSpeed engine, or wrapped by
 accelerate; the optimizer may be DeepSpeed's or accelerate's wrapper. These functions unwrap them and
-describe the method as a registry ``Method`` (adapter, quantization, gradient checkpointing, ZeRO stage,
-LoRA settings), so a run recorded from a user's script is told apart and compared like profkit's own.
+describe the method as a registry ``Method`` (adapter, quantization, gradient checkpointing, ZeRO stage or
+FSDP2, LoRA settings), so a run recorded from a user's script is told apart and compared like profkit's own.
 
 Duck-typed on attributes and class names, so this module imports none of those libraries.
 """
@@ -62,6 +62,29 @@ def zero_stage(parts: Parts) -> int:
     return 0
 
 
+def _fsdp_units(model: Any) -> list:
+    """The modules FSDP2's ``fully_shard`` made into units (it gives each a class derived from ``FSDPModule``)."""
+    return [m for m in model.modules() if any(c.__name__ == "FSDPModule" for c in type(m).__mro__)]
+
+
+def fsdp(model: Any) -> dict | None:
+    """FSDP2's settings as the units hold them (None: not sharded with FSDP2); ``reshard_after_forward`` is read
+    from a non-root unit (FSDP keeps the root gathered by default), from torch's private state, so it may be
+    missing."""
+    units = _fsdp_units(model)
+    if not units:
+        return None
+    found: dict = {"units": len(units)}
+    inner = next((u for u in units if u is not model), units[0])
+    try:
+        group = inner._get_fsdp_state()._fsdp_param_group
+        found["reshard_after_forward"] = group.post_forward_mesh_info is not None
+        found["offload"] = type(group.offload_policy).__name__ == "CPUOffloadPolicy"
+    except Exception:  # torch's private state named otherwise: the settings are not known, the sharding is
+        pass
+    return found
+
+
 def _peft_lora(model: Any) -> dict | None:
     configs = getattr(model, "peft_config", None)
     if not isinstance(configs, dict) or not configs:
@@ -76,21 +99,29 @@ def _peft_lora(model: Any) -> dict | None:
             "lora_targets": targets}
 
 
-def _quantization(model: Any) -> str | None:
+def _quant_states(model: Any):
+    """bitsandbytes' 4-bit quantization states, on the weights or, where FSDP replaced a weight with its shard, on
+    the layers (which keep them to restore at each forward)."""
     for p in model.parameters():
         qs = getattr(p, "quant_state", None)
         if qs is not None:
-            return str(getattr(qs, "quant_type", "nf4"))
-        if type(p).__name__ == "Int8Params":
-            return "int8"
+            yield qs
+    for m in model.modules():
+        if type(m).__module__.startswith("bitsandbytes") and getattr(m, "quant_state", None) is not None:
+            yield m.quant_state
+
+
+def _quantization(model: Any) -> str | None:
+    for qs in _quant_states(model):
+        return str(getattr(qs, "quant_type", "nf4"))
+    if any(type(p).__name__ == "Int8Params" for p in model.parameters()):
+        return "int8"
     return None
 
 
 def _double_quant(model: Any) -> bool | None:
-    for p in model.parameters():
-        qs = getattr(p, "quant_state", None)
-        if qs is not None:
-            return bool(getattr(qs, "nested", False))
+    for qs in _quant_states(model):
+        return bool(getattr(qs, "nested", False))
     return None
 
 
@@ -123,6 +154,7 @@ def method_of(parts: Parts, inference: bool = False) -> Method:
     quant = _quantization(parts.model)
     gc = _gradient_checkpointing(parts.model)
     stage = zero_stage(parts)
+    sharded = fsdp(parts.model)
     if inference:
         base = "infer_int4" if quant else "infer_fp16"
         return Method(base, "infer", "a user's inference", quantization=quant)
@@ -130,14 +162,19 @@ def method_of(parts: Parts, inference: bool = False) -> Method:
     name = ("qlora" if quant and adapter == "lora" else adapter if adapter != "none" else "full")
     if stage:
         name += f"_zero{stage}"
+    elif sharded:
+        name += "_fsdp"
     if gc:
         name += "_gc"
     lr = learning_rate(parts.inner_optimizer)
     fields = {k: v for k, v in (lora or {}).items() if k.startswith("lora_")}
     optimizer = OPTIMIZER_OF.get(type(parts.inner_optimizer).__name__, "adamw")
     double_quant = _double_quant(parts.model)
+    fsdp_fields = {} if not sharded else {"fsdp": True, **{k: sharded[k] for k in ("reshard_after_forward",)
+                                                            if k in sharded},
+                                          **({"offload": "optimizer+params"} if sharded.get("offload") else {})}
     return Method(name, "train", "found on the live objects", adapter=adapter, quantization=quant,
-                  gradient_checkpointing=gc, zero_stage=stage, **({"learning_rate": lr} if lr is not None else {}),
+                  gradient_checkpointing=gc, zero_stage=stage, **fsdp_fields, **({"learning_rate": lr} if lr is not None else {}),
                   optimizer=optimizer, **({"double_quant": double_quant} if quant and double_quant is not None else {}),
                   **fields)
 
@@ -154,6 +191,9 @@ def model_info(parts: Parts) -> dict:
             "optimizer": type(parts.inner_optimizer).__name__ if parts.inner_optimizer is not None else None,
             "zero_optimizer": type(parts.optimizer).__name__ if parts.optimizer is not parts.inner_optimizer else None,
             "double_quant": _double_quant(model)}
+    sharded = fsdp(model)
+    if sharded:
+        info["fsdp"] = sharded
     stage = zero_stage(parts)
     if stage:  # the bucket sizes DeepSpeed really uses, whatever config (default or "auto") set them
         info["zero"] = {"stage": stage, **{k: int(getattr(parts.optimizer, k)) for k in

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import torch
 
-from profkit.model.storage import storage_id
+from profkit.model.storage import local_tensor, storage_id
 
 
 def _quant_state_tensors(qs: Any) -> Iterator[tuple[str, torch.Tensor]]:
@@ -28,8 +28,22 @@ def _quant_state_tensors(qs: Any) -> Iterator[tuple[str, torch.Tensor]]:
             yield f"state2.{name}", value
 
 
-def _is_quantized(p: torch.Tensor) -> bool:
-    return getattr(p, "quant_state", None) is not None or type(p).__name__ == "Params4bit"
+def four_bit_weights(model: torch.nn.Module) -> dict[int, Any]:
+    """id of each bitsandbytes 4-bit weight -> its QuantState (None if it has none yet). Found by the layers too:
+    FSDP replaces a layer's ``Params4bit`` with a plain DTensor shard, and bitsandbytes keeps the state on the
+    layer to restore it at each forward."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor):
+            continue
+        state = getattr(weight, "quant_state", None)
+        if state is None and type(module).__module__.startswith("bitsandbytes") and hasattr(module, "quant_state"):
+            state = module.quant_state
+            found[id(weight)] = state
+        elif state is not None or type(weight).__name__ == "Params4bit":
+            found[id(weight)] = state
+    return found
 
 
 class _Tally:
@@ -44,12 +58,13 @@ class _Tally:
         (ZeRO-2's parameters and gradients are views into one flat buffer). Returns True for new storage."""
         if t.device.type == "meta":
             return False  # shape-only tensors hold no memory
+        t = local_tensor(t)
         storage = t.untyped_storage()
         key = storage_id(t)
         row = self.rows[(owner, detail, str(t.dtype).removeprefix("torch."), t.device.type)]
         row[1] += 1
         row[2] += t.numel() if numel is None else numel
-        if storage.nbytes() == 0 or key in self.seen:
+        if storage.nbytes() == 0 or key in self.seen:  # (nbytes: a resharded FSDP parameter's is 0)
             return False
         self.seen.add(key)
         self.owner_of[key] = owner
@@ -91,14 +106,15 @@ def storage_owners(model: torch.nn.Module, optimizer: Any = None,
 def _count(model: torch.nn.Module, optimizer: Any, inner_optimizer: Any) -> tuple[_Tally, dict]:
     tally = _Tally()
     counts = {"trainable_params": 0, "frozen_params": 0, "quantized_params": 0}
+    four_bit = four_bit_weights(model)
     for name, p in model.named_parameters():
         data = _param_storage(p)
-        if _is_quantized(p):
-            qs = p.quant_state
+        if id(p) in four_bit:
+            qs = four_bit[id(p)]
             logical = int(torch.Size(qs.shape).numel()) if qs is not None else p.numel()
             tally.add("parameters_quantized", "nf4 weight", data, numel=logical)
             counts["quantized_params"] += logical
-            for qname, qt in _quant_state_tensors(qs):
+            for qname, qt in _quant_state_tensors(qs) if qs is not None else ():
                 tally.add("parameters_quantized", f"quant_state.{qname}", qt)
         else:
             owner = "parameters_trainable" if p.requires_grad else "parameters_frozen"

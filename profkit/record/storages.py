@@ -32,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
+from profkit.model.storage import local_tensor, unsharded_storages
 from profkit.record.inventory import storage_owners
 from profkit.store import LIFETIME_EVENT_COLUMNS
 
@@ -56,7 +57,9 @@ def _storages(t: torch.Tensor) -> Iterator[torch.UntypedStorage]:
     if flatten is not None and type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
         names, _ = t.__tensor_flatten__()
         for name in names:
-            yield from _storages(getattr(t, name))
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):  # (a DTensor names its device mesh too)
+                yield from _storages(inner)
         return
     if t.device.type == "meta":
         return
@@ -189,14 +192,22 @@ class MemoryCycleFollower:
         self.started_ns = time.perf_counter_ns()
         self.started_unix_us = time.time_ns() // 1000  # the CUDA allocator history's clock, to find this step in it
         self.tracker.__enter__()
+        # FSDP gathers each unit's parameters into storages it keeps and resizes (0 bytes between uses).
+        for t in unsharded_storages(model):
+            self.tracker.mark(t, "parameters_unsharded")
 
     def _gradient(self, p: torch.Tensor) -> None:
         # A gradient that spans its storage is the gradient's memory. One that views a part of a larger buffer
         # lives in a framework's staging memory (ZeRO-2's reduce bucket, sized by its config, not by the
         # gradients: 2 GB on a 30 KB LoRA): that stays what its allocation made it, a temporary, as the estimate
         # and the profiler's export file it; what ZeRO steps on is marked whole, before the step.
+        # FSDP's sharded gradients (DTensors) are views into the flat buffer its reduce-scatter wrote a unit's
+        # gradients to, which holds nothing else: that buffer is the gradients' memory.
         grad = p.grad
-        if grad is not None and sum(s.nbytes() for s in _storages(grad)) <= grad.numel() * grad.element_size():
+        if grad is None:
+            return
+        local = local_tensor(grad)
+        if local is not grad or sum(s.nbytes() for s in _storages(grad)) <= grad.numel() * grad.element_size():
             self.tracker.mark(grad, "gradients")
 
     def _stepped_gradients(self, optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:

@@ -19,6 +19,7 @@ from profkit.core.units import human_bytes  # noqa: E402
 MIB = 2**20
 COLORS = {
     "parameters_trainable": "#1b9e77", "parameters_frozen": "#66a61e", "parameters_quantized": "#a6d854",
+    "parameters_unsharded": "#b3de69",
     "gradients": "#e7298a", "optimizer_state": "#d95f02", "kv_cache": "#1f78b4", "activations": "#7570b3",
     "temporaries": "#e6ab02",
     "allocator_overhead": "#a6761d", "unattributed": "#999999",
