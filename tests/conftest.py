@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from profkit.core.methods import METHODS
+
 DATA = Path(__file__).parent / "data"
 GPU_TRACES = DATA / "gpu-traces"
 # Few steps: the tests check what was written, not how fast.
@@ -136,15 +138,22 @@ def _tiny_training() -> list[str]:
     """Every training method, less ZeRO with checkpointing (its static memory is the variant without it, to the
     byte, and checkpointing's activations are held by full_gc, lora_gc and qlora_gc) and less the LoRA and QLoRA
     ZeRO methods, which the two-rank fixture records on tiny and holds to the same targets per rank (full_zero2 and
-    full_zero3 keep the one-rank ZeRO path here; the micro matrix still records every method). Keeps the suite
-    under its time budget."""
-    from profkit.core.methods import METHODS
-
+    full_zero3 keep the one-rank ZeRO path here; the micro matrix still records every method), and less FSDP, which
+    ``tests/test_fsdp.py`` records at two ranks on micro. Keeps the suite under its time budget."""
     return [n for n, m in METHODS.items() if m.kind == "train" and not (m.zero_stage and m.gradient_checkpointing)
-            and not (m.zero_stage and m.adapter == "lora")]
+            and not (m.zero_stage and m.adapter == "lora") and not m.fsdp]
 
 
 TINY_TRAINING = _tiny_training()
+
+
+FSDP_METHODS = [n for n, m in METHODS.items() if m.fsdp]
+
+
+@pytest.fixture(scope="session")
+def fsdp_ranks() -> Path:
+    """Every FSDP method at two ranks (torchrun, gloo) on micro."""
+    return _recorded_in_background("fsdp_ranks")
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +165,8 @@ def tiny_training() -> Path:
 # What the background records for each fixture, in this order.
 BACKGROUND = {
     "matrix": ["--all", *FAST],
+    "fsdp_ranks": [*FSDP_METHODS, "--nproc", "2", "--preset", "micro", "--device", "cpu", "--warmup-steps", "1",
+                   "--steps", "1", "--profiled-steps", "1"],
     "tiny_training": [*TINY_TRAINING, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
                       "--profiled-steps", "1"],
 }

@@ -300,3 +300,12 @@ def test_the_trainer_on_several_cpu_ranks_is_unsupported_with_the_reason(tmp_pat
     assert out.returncode == 3, out.stderr
     top = json.loads((tmp_path / "lora_zero2-trainer-nproc2" / store.MANIFEST).read_text())
     assert top["status"] == "unsupported" and "accelerate" in top["reason"] and top["reason"].startswith("rank ")
+
+
+def test_fsdp_beside_zero3_is_a_finding(fsdp_ranks, two_ranks):
+    """The same LoRA on two ranks, sharded by FSDP2 and by ZeRO-3 (the rank fixture's run)."""
+    bd = breakdown([fsdp_ranks / "lora_fsdp-nproc2", two_ranks / "lora_zero3-nproc2"])
+    said = [s for s in findings.findings(bd) if s.startswith("FSDP2 (")]
+    assert len(said) == 2, said  # one per rank
+    assert said[0].startswith("FSDP2 (lora_fsdp-nproc2/rank0) beside ZeRO-3 (lora_zero3-nproc2/rank0), rank 0 of 2")
+    assert "gathered at FSDP's peak" in said[0] and "communication" in said[0]

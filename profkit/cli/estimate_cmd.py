@@ -51,7 +51,7 @@ def estimate(
     methods: list[str] = typer.Argument(None, help=f"Methods: training ({', '.join(TRAINING)}) or generation "
                                         f"({', '.join(INFERENCE)}).", show_default=False),
     all_methods: bool = typer.Option(False, "--all", help="Every training method."),
-    world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO partitions across."),
+    world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO or FSDP shards across."),
     device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     run_settings: dict = None, method_settings: dict = None,

@@ -17,7 +17,7 @@ def _pct(new: float, old: float) -> float:
 
 
 # The settings that make two runs the same method apart from the one difference a finding is about.
-SHAPE = ("adapter", "quantization", "gradient_checkpointing", "zero_stage", "lora_r", "lora_targets")
+SHAPE = ("adapter", "quantization", "gradient_checkpointing", "zero_stage", "fsdp", "lora_r", "lora_targets")
 PLAIN_LORA = {"kind": "train", "adapter": "lora", "quantization": None, "zero_stage": 0, "gradient_checkpointing": False}
 
 
@@ -68,7 +68,9 @@ class _View:
         rec = self.records[run]
         out = {k: rec.settings.get(k) for k in SHAPE}
         out["lora_targets"] = tuple(sorted(out["lora_targets"] or ()))
-        return {**out, "kind": rec.kind, "engine": rec.engine}
+        out["fsdp"] = bool(out["fsdp"])
+        # A rank of a sharded run is compared with the same rank of another run with as many ranks.
+        return {**out, "kind": rec.kind, "engine": rec.engine, "rank": rec.rank, "world_size": rec.world_size}
 
     def pairs(self, base: dict, change: dict) -> list[tuple[str, str]]:
         """Complete runs (a, b) where a matches ``base`` and b is a with only ``change`` applied."""
@@ -115,6 +117,8 @@ def findings(bd: Breakdown) -> list[str]:
                 f"(+{human_bytes(deltas[top])}); optimizer state grows by "
                 f"{human_bytes(deltas.get('optimizer_state', 0))} (an fp32 master copy), and communication takes "
                 f"{human_seconds(v.t(z, 'communication'))} per profiled step.")
+    for zero3, fsdp in v.pairs({"kind": "train", "zero_stage": 3}, {"zero_stage": 0, "fsdp": True}):
+        out.append(_fsdp_beside_zero3(v, zero3, fsdp))
     for fp16, int4 in v.pairs({"kind": "infer", "quantization": None}, {"quantization": "nf4"}):
         out.append(_quantized_inference(v, fp16, int4))
     ratios = {r: v.profiled(r) / v.clean(r) for r in v.tim.index
@@ -137,6 +141,21 @@ def findings(bd: Breakdown) -> list[str]:
         for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
             out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
     return out
+
+
+def _fsdp_beside_zero3(v: _View, zero3: str, fsdp: str) -> str:
+    """The same method sharded by FSDP2 and by ZeRO-3 on as many ranks: what each rank holds, and its time."""
+    where = (f"rank {v.records[fsdp].rank} of {v.records[fsdp].world_size}" if v.records[fsdp].world_size > 1
+             else "one process")
+    return (f"FSDP2 ({fsdp}) beside ZeRO-3 ({zero3}), {where}: parameters held {human_bytes(v.params(fsdp))} "
+            f"against {human_bytes(v.params(zero3))}, with {human_bytes(v.m(fsdp, 'parameters_unsharded'))} gathered "
+            f"at FSDP's peak; optimizer state {human_bytes(v.m(fsdp, 'optimizer_state'))} against "
+            f"{human_bytes(v.m(zero3, 'optimizer_state'))} (ZeRO-3 adds an fp32 master partition); gradients "
+            f"{human_bytes(v.m(fsdp, 'gradients'))} against {human_bytes(v.m(zero3, 'gradients'))} at the peak; "
+            f"peak {human_bytes(v.peak(fsdp))} against {human_bytes(v.peak(zero3))} "
+            f"({_pct(v.peak(fsdp), v.peak(zero3)):+.0f}%); communication "
+            f"{human_seconds(v.t(fsdp, 'communication'))} against {human_seconds(v.t(zero3, 'communication'))} per "
+            f"profiled step; {v.clean_change(zero3, fsdp)}.")
 
 
 def _quantized_inference(v: _View, fp16: str, int4: str) -> str:
@@ -289,8 +308,11 @@ def rank_sentences(bd: Breakdown) -> list[str]:
             low, high = mem.parameters_fraction.min(), mem.parameters_fraction.max()
             share = f"{low:.1%}" if high - low < 5e-4 else f"{low:.1%} to {high:.1%}"
             record = bd.records.get(runs[0])
-            stage = (record.model.get("found") or {}).get("zero_stage") if record else None
-            why = (f"; ZeRO-3 splits each parameter {n} ways (1/{n} = {1 / n:.1%}) except those below DeepSpeed's "
+            found = (record.model.get("found") or {}) if record else {}
+            stage = found.get("zero_stage")
+            why = (f"; FSDP splits each parameter's first dimension {n} ways, padded to a multiple of {n}"
+                   if found.get("fsdp") else
+                   f"; ZeRO-3 splits each parameter {n} ways (1/{n} = {1 / n:.1%}) except those below DeepSpeed's "
                    "persistence threshold, which every rank keeps whole" if stage == 3 else
                    f"; ZeRO-{stage} partitions gradients and optimizer state only, so every rank holds every parameter"
                    if stage in (1, 2) else "")

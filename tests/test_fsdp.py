@@ -1,0 +1,169 @@
+"""FSDP2 (``fully_shard``): every FSDP method recorded at two ranks under torchrun (gloo) on micro and held, rank by
+rank, to the estimate the run made before it started; a user's own FSDP2 script under ``profkit.Session``; the
+settings and the refusals; FSDP beside ZeRO-3."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from profkit import store
+from profkit.analyze import breakdown, ranks
+from profkit.core.methods import METHODS, UnsupportedError, get_method, with_overrides
+from profkit.core.settings import RunSettings
+from profkit.launch.workload import build
+from profkit.model.build import plan
+from profkit.predict.estimate import estimate_run
+from profkit.report import findings
+from tests.conftest import FSDP_METHODS
+
+STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
+
+
+@pytest.fixture(scope="session")
+def fsdp_bd(fsdp_ranks):
+    return breakdown([fsdp_ranks])
+
+
+def test_the_registry_has_fsdp_beside_zero():
+    assert FSDP_METHODS == ["full_fsdp", "full_fsdp_gc", "lora_fsdp", "lora_fsdp_gc", "qlora_fsdp", "qlora_fsdp_gc"]
+    for name in FSDP_METHODS:
+        m = METHODS[name]
+        assert m.fsdp and m.sharded and not m.zero_stage and m.reshard_after_forward
+        assert m.gradient_checkpointing == name.endswith("_gc")
+
+
+@pytest.mark.parametrize("method", FSDP_METHODS)
+def test_each_rank_holds_the_estimate(fsdp_bd, method):
+    """Static categories to the byte on each rank, activations within 15%, the peak with what FSDP gathers."""
+    bd = fsdp_bd
+    for k in range(2):
+        run = f"{method}-nproc2/rank{k}"
+        assert bd.runs.set_index("run").loc[run, "status"] == "ok"
+        p = bd.predicted[bd.predicted.run == run].set_index("category")
+        for category in STATIC:
+            assert p.loc[category, "predicted_bytes"] == p.loc[category, "measured_bytes"], (run, category)
+        assert p.loc["activations", "measured_bytes"] > 0 and abs(p.loc["activations", "error"]) <= 0.15
+        assert abs(p.loc["peak", "error"]) <= 0.05, (run, p.loc["peak"].to_dict())
+        # The root unit (embeddings, norm, LM head) is gathered at the forward's peak: measured, and predicted.
+        memory = bd.memory[(bd.memory.run == run) & (bd.memory.phase == "forward")].set_index("category").bytes
+        estimate = bd.records[run].estimate
+        assert memory["parameters_unsharded"] == estimate["instants"]["forward"]["parameters_unsharded"] > 0
+
+
+@pytest.mark.parametrize("method", ["full_fsdp", "qlora_fsdp"])
+def test_each_rank_holds_half_of_every_parameter(fsdp_ranks, matrix, method):
+    """Against the same method on one process (the micro matrix): each rank's parameter bytes are half, up to
+    the padding of an odd first dimension; the quantization state is not sharded."""
+    whole = json.loads((matrix / method / store.MANIFEST).read_text())["inventory"]
+    for k in range(2):
+        half = json.loads((fsdp_ranks / f"{method}-nproc2" / f"rank{k}" / store.MANIFEST).read_text())["inventory"]
+        for owner in ("parameters_trainable", "parameters_frozen"):
+            held = sum(r["bytes"] for r in half["rows"] if r["owner"] == owner)
+            all_of_it = sum(r["bytes"] for r in whole["rows"] if r["owner"] == owner)
+            assert held < all_of_it or all_of_it == 0
+            assert 0 <= 2 * held - all_of_it <= 2 * 64 * 4 + 64 * 4  # buffers (rotary) are not sharded
+        packed = [r for r in half["rows"] if r["owner"] == "parameters_quantized" and r["detail"] == "nf4 weight"]
+        packed_whole = [r for r in whole["rows"] if r["owner"] == "parameters_quantized" and r["detail"] == "nf4 weight"]
+        assert sum(r["bytes"] for r in packed) * 2 == sum(r["bytes"] for r in packed_whole)
+        assert half["quantized_params"] == whole["quantized_params"]  # logical counts: the whole model's
+
+
+def test_ranks_show_their_collectives_and_share(fsdp_bd):
+    bd = fsdp_bd
+    for k in range(2):
+        assert bd.time[(bd.time.run == f"lora_fsdp-nproc2/rank{k}") & (bd.time.category == "communication")] \
+            .seconds.sum() > 0
+        found = bd.records[f"lora_fsdp-nproc2/rank{k}"].model["found"]
+        assert found["fsdp"] is True and found["reshard_after_forward"] is True and found["zero_stage"] == 0
+    memory = ranks.rank_memory(bd).set_index("run")
+    assert 0.45 <= memory.loc["full_fsdp-nproc2/rank0", "parameters_fraction"] <= 0.55
+    text = " ".join(findings.rank_sentences(bd))
+    assert "FSDP splits each parameter's first dimension 2 ways" in text
+
+
+def test_settings_map_onto_fully_shard():
+    lora = get_method("lora_fsdp")
+    changed = with_overrides(lora, reshard_after_forward=False, offload="optimizer+params")
+    assert (changed.reshard_after_forward, changed.offload, changed.label) == (
+        False, "optimizer+params", "lora_fsdp-offload-optimizer-params-no-reshard")
+    # Mixed precision is FSDP's policy, not autocast; 4-bit weights are packed into the frozen weights' dtype.
+    p = plan(with_overrides(get_method("qlora_fsdp"), precision="bf16-mixed"), "cuda", torch.bfloat16)
+    assert p.autocast is None and p.fsdp_param_dtype == torch.bfloat16
+    assert p.quantization.bnb_4bit_quant_storage == p.load_dtype == torch.bfloat16
+    assert plan(get_method("qlora"), "cuda", torch.bfloat16).autocast == torch.bfloat16
+
+
+@pytest.mark.parametrize("method, overrides, message", [
+    ("lora_fsdp", {"offload": "optimizer"}, "FSDP's CPU offload moves the parameters' shards"),
+    ("lora", {"reshard_after_forward": False}, "applies to FSDP methods"),
+])
+def test_settings_that_make_no_sense_are_refused(method, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        with_overrides(get_method(method), **overrides)
+
+
+def test_the_trainer_on_cpu_is_unsupported_with_accelerates_reason():
+    with pytest.raises(UnsupportedError, match="accelerate enables its FSDP plugin on accelerators only"):
+        build(get_method("lora_fsdp"), RunSettings(method="lora_fsdp", preset="micro", engine="trainer"), "cpu")
+
+
+def test_the_estimate_answers_fsdp_or_zero3():
+    """What each rank holds under each, for the 3B preset on 4 GPUs: FSDP keeps no fp32 master copy."""
+    settings = RunSettings(method="full_fsdp", preset="llama-3.2-3b")
+    fsdp = estimate_run(get_method("full_fsdp"), settings, "cuda", 4)
+    zero3 = estimate_run(get_method("full_zero3"), settings, "cuda", 4)
+    assert fsdp.instants["optimizer"]["optimizer_state"] < zero3.instants["optimizer"]["optimizer_state"]
+    one = estimate_run(get_method("full_fsdp"), settings, "cuda", 1)
+    assert fsdp.instants["optimizer"]["parameters_trainable"] * 4 == pytest.approx(
+        one.instants["optimizer"]["parameters_trainable"], rel=1e-3)
+    assert fsdp.instants["backward"]["parameters_unsharded"] > 0 and any("FSDP2 over 4" in n for n in fsdp.notes)
+
+
+USER_SCRIPT = '''
+import torch, torch.distributed as dist, profkit
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, vocab_size=1000)
+model = AutoModelForCausalLM.from_config(config)
+for layer in model.model.layers:
+    fully_shard(layer)
+fully_shard(model)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+with profkit.Session("traces/my_fsdp", model=model, optimizer=optimizer, warmup_steps=1, timed_steps=1,
+                     profiled_steps=1, memory_steps=1) as session:
+    for _ in range(20):
+        ids = torch.randint(0, 1000, (2, 64))
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        session.step()
+'''
+
+
+def test_a_users_fsdp2_script_under_torchrun(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(USER_SCRIPT)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    bd = breakdown([tmp_path / "traces" / "my_fsdp"])
+    assert set(bd.runs.status) == {"ok"} and list(bd.runs["rank"]) == [0, 1]
+    for k in range(2):
+        run = f"my_fsdp/rank{k}"
+        record = bd.records[run]
+        assert record.method == "full_fsdp" and record.settings["fsdp"] is True
+        assert record.estimate["settings"]["world_size"] == 2
+        p = bd.predicted[bd.predicted.run == run].set_index("category")
+        for category in STATIC:
+            assert p.loc[category, "predicted_bytes"] == p.loc[category, "measured_bytes"], (run, category)
+        memory = bd.memory[(bd.memory.run == run) & (bd.memory.phase == "peak")].set_index("category").bytes
+        assert memory["parameters_unsharded"] > 0
