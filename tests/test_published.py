@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profkit.predict.published import compare_wide, read_figure
+from profkit.predict.published import COUNTERS, compare_wide, read_figure
 
 DATA = Path(__file__).parent / "data" / "published"
 MODELS = {"Llama 2 7B": {"config": {}, "names": ["Llama-2-7b"]}, "Qwen (v1)": {"unsupported": "custom code"}}
@@ -25,7 +25,9 @@ def _row(**changes):
 @pytest.mark.parametrize("changes, reason", [
     ({"model": "Mystery-1B"}, "no configuration"),
     ({"model": "Qwen (v1)"}, "custom code"),
-    ({"sharding": "FSDP FULL_SHARD", "gpu_count": "2"}, "FSDP: not modelled"),
+    ({"sharding": "FSDP HYBRID_SHARD", "gpu_count": "16"}, "hybrid sharding is not modelled"),
+    ({"sharding": "FSDP2 x4 + tensor parallel x2", "gpu_count": "8"}, "model parallelism is not modelled"),
+    ({"gradient_checkpointing": "selective (SAC)"}, "gradient checkpointing selective (SAC): not modelled"),
     ({"gpu_count": "4"}, "4 GPUs with sharding not stated"),
     ({"seq_len": "variable (alpaca, unpacked)"}, "sequence length not stated"),
     ({"gradient_checkpointing": ""}, "gradient checkpointing not stated"),
@@ -49,17 +51,24 @@ def test_stated_settings_become_the_method_and_assumptions_are_named():
     zero = read_figure(_row(sharding="DeepSpeed ZeRO-2", gpu_count="2", method="qlora", quant_type="nf4",
                             double_quant="True"), MODELS)
     assert zero.method.name == "qlora_zero2" and zero.world_size == 2 and zero.method.double_quant
+    fsdp = read_figure(_row(sharding="FSDP1 FULL_SHARD via accelerate", gpu_count="4", gradient_checkpointing="full",
+                            offload="params (FSDP CPU offload)"), MODELS)
+    assert fsdp.method.name == "lora_fsdp_gc" and fsdp.world_size == 4 and fsdp.method.offload == "optimizer+params"
+    assert any("FSDP1 estimated as FSDP2" in a for a in fsdp.assumed)
 
 
 def test_the_used_published_figures_are_estimated_within_their_targets():
     """The figures the estimator was built against (the held-out ones are reported, never tested: a test would tune
-    to them). Among those consistent with their stated settings: median |error| within 10%, none crashes."""
+    to them). Among those consistent with their stated settings that count allocated bytes, what the estimate
+    predicts (reserved is that times a measured range of allocator ratios): median |error| within 10%, none
+    crashes. The reserved figures are reported, not held (reports/estimate-vs-published/wide-used.md)."""
     table = compare_wide(DATA / "wide.csv", split="used")
     estimated = table[table.error.notna()]
-    assert len(estimated) >= 30
+    assert len(estimated) >= 40
     assert not table.reason.str.contains("Traceback").any()
     consistent = estimated[estimated.measured_bytes >= estimated.static_bytes]
-    assert consistent.error.abs().median() <= 0.10
+    allocated = consistent[consistent.counter.map(COUNTERS) == "allocated"]
+    assert len(allocated) >= 25 and allocated.error.abs().median() <= 0.10
 
 
 def test_a_setting_stated_in_words_profkit_has_no_value_for_is_named():

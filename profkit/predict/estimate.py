@@ -520,7 +520,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                             "replicates everything; estimate with --world-size 1)")
     model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
     notes: list[str] = list(plan.notes)
-    if target == "cuda" and method.precision == "auto":
+    if target == "cuda" and method.precision == "auto" and not method.fsdp:
         notes.append("CUDA target: bf16 autocast and bf16 frozen weights (a GPU with bf16 support); flash "
                      "attention where PyTorch would pick it")
 

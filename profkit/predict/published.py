@@ -65,6 +65,7 @@ SHORT_PROMPT = 8
 LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "projection": ["o_proj"],
               "output_proj": ["o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"], "head": ["lm_head"],
               "output(lm head)": ["lm_head"]}
+MODEL_PARALLEL = re.compile(r"sequential|tensor|\btp\s*x?\d|\bpp\s*x?\d|context parallel|\bcp\b|sequence")
 COUNTERS = {"max_memory_allocated": "allocated", "active_bytes_peak": "allocated", "max_memory_reserved": "reserved",
             "nvidia-smi": "reserved", "unknown": "allocated"}
 
@@ -95,11 +96,13 @@ def read_figure(r, models: dict) -> Figure:
     if models[model].get("unsupported"):
         return Figure(None, model, reason=models[model]["unsupported"])
     sharding, offload = r.sharding.lower(), r.offload.lower()
-    if "fsdp" in sharding and "ddp" not in sharding:
-        return Figure(None, model, reason="FSDP: not modelled by the estimate (issue 25), and not ZeRO-3")
-    if "sequential" in sharding or "tensor parallel" in sharding:
+    if MODEL_PARALLEL.search(sharding):
         return Figure(None, model, reason=f"{r.sharding}: model parallelism is not modelled")
-    if offload not in ("", "none"):
+    fsdp = "fsdp" in sharding and "ddp" not in sharding
+    if fsdp and "hybrid" in sharding:
+        return Figure(None, model, reason=f"{r.sharding}: hybrid sharding is not modelled")
+    fsdp_offload = fsdp and "fsdp cpu offload" in offload
+    if offload not in ("", "none") and not fsdp_offload:
         return Figure(None, model, reason=f"offload ({r.offload}) of this kind is not modelled")
     if not NUMBER.match(r.batch_size):
         return Figure(None, model, reason=f"batch size not stated ({r.batch_size or 'empty'})")
@@ -120,7 +123,13 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
     gpus = int(float(r.gpu_count or 1))
     zero = re.search(r"zero-?(\d)", sharding)
-    if gpus > 1 and not zero and "ddp" not in sharding:
+    if fsdp and "fsdp2" not in sharding.replace(" ", ""):
+        # FSDP1 flattens each unit's parameters into one buffer and shards that: the same bytes per rank as
+        # FSDP2's per-parameter shards up to padding, and the same units gathered.
+        assumed.append("FSDP1 estimated as FSDP2 (the same shards per rank up to padding, the same units gathered)")
+    if fsdp_offload:
+        assumed.append("FSDP's CPU offload moves the parameters' shards, gradients and optimizer state together")
+    if gpus > 1 and not zero and not fsdp and "ddp" not in sharding:
         return Figure(None, model, reason=f"{gpus} GPUs with sharding {r.sharding or 'not stated'}")
     if r.kind == "infer":
         name = {"infer_bf16": "infer_fp16", "infer_fp16": "infer_fp16", "infer_int4": "infer_int4"}.get(r.method)
@@ -139,8 +148,11 @@ def read_figure(r, models: dict) -> Figure:
                       1, int(new.group(1)), assumed=tuple(assumed))
     if r.method not in ("full", "lora", "qlora"):
         return Figure(None, model, reason=f"method not stated as full, lora or qlora ({r.method or 'empty'})")
-    if not _stated(r.gradient_checkpointing):
+    checkpointing = r.gradient_checkpointing.split(" ")[0].lower()
+    if not checkpointing:
         return Figure(None, model, reason="gradient checkpointing not stated")
+    if checkpointing not in ("true", "false", "full", "none"):  # selective (per-op) checkpointing, for one
+        return Figure(None, model, reason=f"gradient checkpointing {r.gradient_checkpointing}: not modelled")
     optimizer = r.optimizer.lower()
     if "in_bwd" in optimizer:
         return Figure(None, model, reason="the optimizer steps inside backward (not modelled)")
@@ -155,9 +167,15 @@ def read_figure(r, models: dict) -> Figure:
         settings["precision"] = r.precision.split(" ")[0]  # the value, without the source's explanation after it
     else:
         return Figure(None, model, reason="precision not stated")
-    name = r.method + ("_gc" if r.gradient_checkpointing.startswith("True") else "")
+    name = r.method + ("_gc" if checkpointing in ("true", "full") else "")
     if zero:
         name = f"{r.method}_zero{zero.group(1)}" + ("_gc" if name.endswith("_gc") else "")
+    if fsdp:
+        name = f"{r.method}_fsdp" + ("_gc" if name.endswith("_gc") else "")
+        if "shard_grad_op" in sharding:
+            settings["reshard_after_forward"] = False
+        if fsdp_offload:
+            settings["offload"] = "optimizer+params"
     if r.method != "full":
         if not NUMBER.match(r.lora_r) or not _stated(r.lora_targets):
             return Figure(None, model, reason="LoRA rank or targets not stated")
@@ -173,7 +191,7 @@ def read_figure(r, models: dict) -> Figure:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
         return Figure(None, model, reason=f"setting not understood: {exc}")
-    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero else 1, 1, assumed=tuple(assumed))
+    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, assumed=tuple(assumed))
 
 
 def _lora_targets(text: str) -> str:
