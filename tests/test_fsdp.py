@@ -167,3 +167,22 @@ def test_a_users_fsdp2_script_under_torchrun(tmp_path):
             assert p.loc[category, "predicted_bytes"] == p.loc[category, "measured_bytes"], (run, category)
         memory = bd.memory[(bd.memory.run == run) & (bd.memory.phase == "peak")].set_index("category").bytes
         assert memory["parameters_unsharded"] > 0
+
+
+@pytest.mark.parametrize("method", ["lora_zero2", "full_zero3", "full_fsdp", "qlora_fsdp"])
+def test_offload_moves_state_to_the_host_and_says_how_much(method):
+    """What offload takes off the GPU is what the host holds: the optimizer state (and ZeRO's fp32 master), the
+    gradient shards the host optimizer steps on, and with parameters the shards (FSDP) or partitions (ZeRO-3)."""
+    settings = RunSettings(method=method, preset="micro")
+    kept = estimate_run(get_method(method), settings, "cuda", 2)
+    offload = "optimizer" if method == "lora_zero2" else "optimizer+params"
+    moved = estimate_run(with_overrides(get_method(method), offload=offload), settings, "cuda", 2)
+    assert moved.host["optimizer_state"] == kept.instants["optimizer"]["optimizer_state"] > 0
+    assert moved.instants["optimizer"]["optimizer_state"] == 0 and moved.to_json()["host_bytes"] > 0
+    assert moved.host["gradients"] > 0
+    if offload == "optimizer+params":
+        on_gpu = [moved.instants["optimizer"][c] for c in ("parameters_trainable", "parameters_quantized")]
+        assert on_gpu == [0, 0]
+        assert sum(moved.host.get(c, 0) for c in ("parameters_trainable", "parameters_frozen",
+                                                  "parameters_quantized")) > 0
+    assert moved.peak_bytes < kept.peak_bytes

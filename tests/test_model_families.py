@@ -121,6 +121,7 @@ def test_experts_stay_16_bit_under_qlora_and_frozen_experts_save_no_input():
     qlora = estimate(get_method("qlora"), config, 2, 32, 1, "cuda", "mixtral")
     experts = 2 * 4 * (2 * 192 * 64 + 64 * 192)  # layers x experts x (gate_up + down)
     assert qlora.at_peak()["parameters_frozen"] >= experts * 4
+    assert any(f"{experts:,} expert weights" in n and "fp32 after peft's k-bit preparation" in n for n in qlora.notes)
     lora = estimate(get_method("lora"), config, 2, 32, 1, "cuda", "mixtral")
     full = estimate(get_method("full"), config, 2, 32, 1, "cuda", "mixtral")
     assert full.detail["saved_layers_total"] > lora.detail["saved_layers_total"]

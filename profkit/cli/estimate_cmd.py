@@ -103,7 +103,8 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         for e in chunk:
             t.add_column(e.method, justify="right", no_wrap=True)
         for category, row in table.iterrows():
-            label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)"}.get(category, category)
+            label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)",
+                     "host_offloaded": "host (offloaded)"}.get(category, category)
             t.add_row(label, *[human_bytes(row[e.method]) for e in chunk])
         t.add_row("[dim]peak at[/]", *[f"[dim]{e.peak_instant}[/]" for e in chunk])
         out.print(t)

@@ -293,6 +293,13 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
         if not quantized_ids:
             p = replace(p, notes=(*p.notes, f"{type(model).__name__}: transformers quantizes no layer of it (it "
                                   "replaces torch.nn.Linear itself, not subclasses): the weights stay 16-bit"))
+    if p.quantization is not None:
+        experts = [prm for prm in model.parameters() if prm.dim() >= 3 and id(prm) not in quantized_ids]
+        if experts:
+            stays = "fp32 after peft's k-bit preparation" if p.kbit_prep else "in the model dtype"
+            p = replace(p, notes=(*p.notes, f"{sum(e.numel() for e in experts):,} expert weights (3-D tensors, one "
+                                  f"per MoE layer) are not quantized: bitsandbytes replaces Linear layers only; "
+                                  f"they stay {stays}"))
     if p.kbit_prep:
         # What peft's prepare_model_for_kbit_training does to the weights that stay unquantized.
         for prm in model.parameters():

@@ -73,6 +73,7 @@ class Estimate:
     params: dict[str, int]  # trainable / frozen / quantized element counts
     detail: dict[str, int] = field(default_factory=dict)  # named parts behind the categories, bytes
     notes: list[str] = field(default_factory=list)
+    host: dict[str, int] = field(default_factory=dict)  # offloaded to pinned host memory, by category, bytes
 
     @property
     def peak_instant(self) -> str:
@@ -98,7 +99,8 @@ class Estimate:
     def to_json(self) -> dict:
         return {"method": self.method, "settings": self.settings, "instants": self.instants,
                 "peak_instant": self.peak_instant, "peak_bytes": self.peak_bytes, "reserved": self.reserved(),
-                "params": self.params, "detail": self.detail, "notes": self.notes}
+                "params": self.params, "detail": self.detail, "notes": self.notes, "host": self.host,
+                "host_bytes": sum(self.host.values())}
 
 
 RESERVED_BASIS = ("reserved: the predicted allocated peak x the CUDA caching allocator's peak reserved / peak "
@@ -366,6 +368,29 @@ def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool
     return params, parts, trainable
 
 
+def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: bool, activations: int) -> list[str]:
+    """What the estimate took where the user said nothing, and what the other choice gives."""
+    per_k = activations * 1000 // max(batch_size * seq_len, 1)
+    notes = [f"every sample taken as {seq_len} tokens (packed, or padded to {seq_len}): padded to the longest "
+             f"sample of each batch instead, a batch peaks with its longest sample (activations about "
+             f"{per_k / 2**20:,.1f} MiB per 1,000 tokens of the batch), and the CUDA allocator caches more than the "
+             "reserved ratio measured on fixed-length steps"]
+    heads = getattr(config, "num_attention_heads", None)
+    layers = 1 if checkpointing else getattr(config, "num_hidden_layers", 0)
+    if heads and layers:
+        # eager attention keeps the fp32 softmax and its copy in the compute dtype for each layer it saves
+        compute = (plan.autocast or plan.fsdp_param_dtype or plan.load_dtype).itemsize
+        matrix = layers * batch_size * heads * seq_len * seq_len * (4 + compute)
+        if plan.attn_implementation == "eager":
+            notes.append(f"eager attention, as asked or as the model offers: a fused kernel (flash, memory-"
+                         f"efficient) would not keep the attention matrices, about {matrix / 2**30:,.2f} GiB less")
+        else:
+            notes.append(f"attention in a fused kernel (flash or memory-efficient, as PyTorch picks): eager "
+                         f"attention would keep each saved layer's attention matrix, about {matrix / 2**30:,.2f} "
+                         "GiB more")
+    return notes
+
+
 # --------------------------------------------------------------------------- FSDP2
 
 def _shard_numel(shape: tuple[int, ...], world: int) -> int:
@@ -381,6 +406,7 @@ class _Fsdp:
     """What FSDP2 holds per rank: the shards (static), and what it gathers and reduces during a step."""
 
     static: dict[str, int]  # the parameter categories and optimizer_state, per rank, on the device
+    host: dict[str, int]  # what CPU offload keeps in pinned host memory, by category
     gradients: int  # the sharded gradients (padded, as its reduce-scatter writes them)
     root: int  # the root unit gathered: embeddings, final norm, LM head (kept from forward to backward)
     layer: int  # the largest decoder layer gathered
@@ -473,18 +499,15 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
     if gathered_dtype is not None:
         notes.append(f"FSDP mixed precision: parameters gathered and computed in "
                      f"{str(gathered_dtype).removeprefix('torch.')}, gradients reduced in fp32, no autocast")
+    host: dict[str, int] = {}
     if method.offload != "none":
-        host = {f"host_{k}": v for k, v in static.items() if k != "parameters_frozen"}
-        host["host_parameters_frozen"] = static["parameters_frozen"] - sum(b.numel() * b.element_size()
-                                                                           for b in model.buffers())
-        host["host_gradients"] = gradients
-        detail.update(host)
-        static = {k: 0 for k in static} | {"parameters_frozen": static["parameters_frozen"] -
-                                             host["host_parameters_frozen"]}
+        buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        host = {**static, "parameters_frozen": static["parameters_frozen"] - buffers, "gradients": gradients}
+        static = {k: 0 for k in static} | {"parameters_frozen": buffers}
         gradients, optimizer_temporaries = 0, 0
         notes.append("FSDP CPU offload: the shards, their gradients and the optimizer state are in pinned host "
-                     "memory (host_* in the detail) and the optimizer steps there; the GPU holds what is gathered")
-    return _Fsdp(static, gradients, detail["fsdp_root_gathered"], max(per_layer, default=0), sum(per_layer),
+                     "memory and the optimizer steps there; the GPU holds what is gathered")
+    return _Fsdp(static, host, gradients, detail["fsdp_root_gathered"], max(per_layer, default=0), sum(per_layer),
                  root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, detail, notes)
 
 
@@ -585,15 +608,18 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         optimizer_grads = trainable_bytes
         optimizer_temporaries = (0 if method.optimizer == "sgd" else
                                  trainable_bytes if target == "cuda" and method.optimizer == "adamw" else 2 * largest)
+    host: dict[str, int] = {}
     if method.offload != "none" and method.zero_stage:
-        notes.append(f"ZeRO-Offload ({method.offload}): the optimizer state and the fp32 master partition live "
-                     "in host memory, not on the GPU" + ("; so do the parameters' partitions"
-                                                        if method.offload == "optimizer+params" else ""))
-        detail["offloaded_optimizer_state"] = optimizer_state
+        notes.append(f"ZeRO-Offload ({method.offload}): the optimizer state, the fp32 master partition and the fp32 "
+                     "gradient partition the host optimizer steps on are in pinned host memory; the GPU keeps the "
+                     "reduce bucket" + ("; the parameters' partitions are on the host too, gathered to the GPU "
+                                       "for use" if method.offload == "optimizer+params" else ""))
+        host.update(optimizer_state=optimizer_state, gradients=grads_partition)
+        optimizer_grads -= grads_partition
         optimizer_state, optimizer_temporaries = 0, 0
         if method.offload == "optimizer+params":
             for key in ("parameters_trainable", "parameters_frozen"):
-                detail[f"offloaded_{key}"] = parts[key]
+                host[key] = parts[key]
                 parts[key] = 0
     if method.optimizer == "paged-adamw-8bit" and target == "cuda":
         notes.append("paged 8-bit AdamW: its state is in CUDA unified memory (cudaMallocManaged), outside PyTorch's "
@@ -619,6 +645,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     # upcasts them), live together (measured: a CPU recording of micro LoRA holds both at its backward peak).
     logits_grad = 2 * batch_size * seq_len * config.vocab_size * 4
     detail["loss_backward"] = logits_grad
+    notes += _assumptions(config, plan, batch_size, seq_len, checkpointing, forward_activations)
 
     static = {**parts, "optimizer_state": optimizer_state}
     instants = {
@@ -633,10 +660,11 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         instants = fsdp.instants(forward_activations, backward_activations, logits_grad)
         detail.update(fsdp.detail, adamw_step_temporaries=fsdp.optimizer_temporaries)
         notes += fsdp.notes
+        host = fsdp.host
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "method": method.settings()}
-    return Estimate(method.label, settings, instants, params, detail, notes)
+    return Estimate(method.label, settings, instants, params, detail, notes, {k: int(v) for k, v in host.items() if v})
 
 
 # --------------------------------------------------------------------------- generation
@@ -797,8 +825,10 @@ def frame(estimates: list[Estimate]) -> pd.DataFrame:
 
 
 def at_peak(estimates: list[Estimate]) -> pd.DataFrame:
-    """Rows: categories, ``peak`` (allocated) and, for CUDA targets, ``reserved`` (see ``Estimate.reserved``);
-    columns: methods; bytes at each method's predicted peak."""
+    """Rows: categories, ``peak`` (allocated), for CUDA targets ``reserved`` (see ``Estimate.reserved``) and, where
+    a method offloads, ``host_offloaded`` (pinned host memory); columns: methods; bytes at each method's peak."""
+    host = any(e.host for e in estimates)
     return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes,
-                                    **({"reserved": e.reserved()["bytes"]} if e.reserved() else {})}
+                                    **({"reserved": e.reserved()["bytes"]} if e.reserved() else {}),
+                                    **({"host_offloaded": sum(e.host.values())} if host else {})}
                          for e in estimates})
