@@ -31,7 +31,8 @@ FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps"
 # The fast tier (`make test-fast`) is every test that runs in this process and records nothing: the pure layers on
 # stored fixtures. A test is end-to-end (marked ``e2e``) when it depends on a recording fixture, or records,
 # trains, installs or runs the command line in a subprocess itself.
-RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny"}
+RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny",
+                      "fsdp_ranks"}
 RECORDS = re.compile(r'run_cli\(|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
                      r'"install"|runner\.record|subprocess\.(run|Popen)\(')
 
@@ -148,11 +149,13 @@ TINY_TRAINING = _tiny_training()
 
 
 FSDP_METHODS = [n for n, m in METHODS.items() if m.fsdp]
+# At two ranks: full, LoRA and QLoRA each, checkpointing once (the matrix records every FSDP method on one rank).
+FSDP_ON_TWO_RANKS = ["full_fsdp", "lora_fsdp", "qlora_fsdp_gc"]
 
 
 @pytest.fixture(scope="session")
 def fsdp_ranks() -> Path:
-    """Every FSDP method at two ranks (torchrun, gloo) on micro."""
+    """FSDP at two ranks (torchrun, gloo) on micro."""
     return _recorded_in_background("fsdp_ranks")
 
 
@@ -165,7 +168,7 @@ def tiny_training() -> Path:
 # What the background records for each fixture, in this order.
 BACKGROUND = {
     "matrix": ["--all", *FAST],
-    "fsdp_ranks": [*FSDP_METHODS, "--nproc", "2", "--preset", "micro", "--device", "cpu", "--warmup-steps", "1",
+    "fsdp_ranks": [*FSDP_ON_TWO_RANKS, "--nproc", "2", "--preset", "micro", "--device", "cpu", "--warmup-steps", "1",
                    "--steps", "1", "--profiled-steps", "1"],
     "tiny_training": [*TINY_TRAINING, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
                       "--profiled-steps", "1"],

@@ -117,7 +117,7 @@ def test_zero_partitions_across_ranks():
     (["lora", "--model", "/nonexistent"], "not a readable Hugging Face checkpoint"),
     (["infer_fp16", "--world-size", "2"], "generation is estimated on one device"),
     (["sgd"], "valid methods: full"),
-    (["lora", "--world-size", "2"], "needs a ZeRO method"),
+    (["lora", "--world-size", "2"], "needs a ZeRO or FSDP method"),
 ])
 def test_estimate_bad_input_exits_2(args, message):
     result = run_cli("estimate", *args)

@@ -19,7 +19,7 @@ from profkit.launch.workload import build
 from profkit.model.build import plan
 from profkit.predict.estimate import estimate_run
 from profkit.report import findings
-from tests.conftest import FSDP_METHODS
+from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS
 
 STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
 
@@ -37,12 +37,25 @@ def test_the_registry_has_fsdp_beside_zero():
         assert m.gradient_checkpointing == name.endswith("_gc")
 
 
-@pytest.mark.parametrize("method", FSDP_METHODS)
+@pytest.fixture(scope="session")
+def matrix_bd(matrix):
+    return breakdown([matrix / name for name in FSDP_METHODS])
+
+
+@pytest.mark.parametrize("method", FSDP_ON_TWO_RANKS)
 def test_each_rank_holds_the_estimate(fsdp_bd, method):
     """Static categories to the byte on each rank, activations within 15%, the peak with what FSDP gathers."""
-    bd = fsdp_bd
-    for k in range(2):
-        run = f"{method}-nproc2/rank{k}"
+    _holds(fsdp_bd, [f"{method}-nproc2/rank{k}" for k in range(2)])
+
+
+@pytest.mark.parametrize("method", FSDP_METHODS)
+def test_one_rank_holds_the_estimate(matrix_bd, method):
+    """Every FSDP method as the micro matrix records it, on one rank (FSDP gathers and reduces all the same)."""
+    _holds(matrix_bd, [method])
+
+
+def _holds(bd, runs: list[str]) -> None:
+    for run in runs:
         assert bd.runs.set_index("run").loc[run, "status"] == "ok"
         p = bd.predicted[bd.predicted.run == run].set_index("category")
         for category in STATIC:
@@ -55,7 +68,7 @@ def test_each_rank_holds_the_estimate(fsdp_bd, method):
         assert memory["parameters_unsharded"] == estimate["instants"]["forward"]["parameters_unsharded"] > 0
 
 
-@pytest.mark.parametrize("method", ["full_fsdp", "qlora_fsdp"])
+@pytest.mark.parametrize("method", ["full_fsdp", "qlora_fsdp_gc"])
 def test_each_rank_holds_half_of_every_parameter(fsdp_ranks, matrix, method):
     """Against the same method on one process (the micro matrix): each rank's parameter bytes are half, up to
     the padding of an odd first dimension; the quantization state is not sharded."""

@@ -172,6 +172,9 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[s
         "parameters_trainable": inv.get("parameters_trainable", 0),
         "parameters_frozen": inv.get("parameters_frozen", 0) + inv.get("buffers", 0),
         "parameters_quantized": inv.get("parameters_quantized", 0),
+        # FSDP's gathered parameters: the export cannot tell them (it files them as activations or UNKNOWN), so
+        # FSDP runs are broken down from the storage lifetimes and the export is only compared
+        "parameters_unsharded": 0,
         "gradients": gradients,
         "optimizer_state": inv.get("optimizer_state", 0),
         "kv_cache": kv_cache,

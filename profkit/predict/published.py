@@ -205,14 +205,16 @@ def _lora_targets(text: str) -> str:
     return ",".join(names)
 
 
-def compare_wide(table: Path, models: Path | None = None, split: str | None = None) -> pd.DataFrame:
-    """One row per figure of wide.csv (``split``: only those): the estimate for the counter the source reports, the
+def compare_wide(table: Path, models: Path | None = None, split: str | None = None,
+                 counter: str | None = None) -> pd.DataFrame:
+    """One row per figure of wide.csv (``split``, ``counter``: only those; counter "allocated" or "reserved", as
+    ``COUNTERS`` classes them): the estimate for the counter the source reports, the
     relative error, or the reason there is none (a setting not stated, a setup not modelled, the estimate's own
     refusal); ``static_bytes``, the least any run with the stated settings holds."""
     configs = json.loads((models or table.with_name("models.json")).read_text())
     rows = []
     for _, r in pd.read_csv(table, dtype=str, keep_default_na=False).iterrows():
-        if split and r.split != split:
+        if (split and r.split != split) or (counter and COUNTERS.get(r.counter) != counter):
             continue
         figure = read_figure(r, configs)
         measured = float(r.measured) * UNITS[r.unit]

@@ -120,6 +120,14 @@ def test_the_storage_lifetimes_and_the_export_agree_where_both_exist(bd, name):
     for category in STATIC:
         if category in s.index:
             assert s.loc[category, "lifetimes_bytes"] == s.loc[category, "export_bytes"], category
+    if METHODS[name].fsdp:
+        # The export cannot tell FSDP's gathered parameters and files them elsewhere (activations, UNKNOWN): the
+        # two differ by those bytes and by nothing else.
+        gathered = s.loc["parameters_unsharded", "difference_of_peak"]
+        assert gathered > 0.01
+        others = s.drop(index="parameters_unsharded").difference_of_peak
+        assert abs(others.sum() + gathered) <= 0.01 and (others.abs() <= gathered + 0.01).all()
+        return
     apart = s[s.difference_of_peak.abs() > 0.01]
     assert apart.empty, (name, apart[["lifetimes_bytes", "export_bytes", "difference_of_peak"]].to_dict("index"))
 
