@@ -1,4 +1,3 @@
-import csv, os, glob, importlib.util
 COLS = ["source","quote","model","gpu","n_gpus","method","gc","sharding","offload","precision",
         "batch_per_device","grad_accum","seq_len","packing","lora_rank","lora_targets","attention",
         "framework","measured","unit","what_counted","notes"]

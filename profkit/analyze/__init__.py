@@ -19,6 +19,7 @@ import psutil
 
 from profkit import store
 from profkit.analyze.categories import TIME_CATEGORIES
+from profkit.analyze.efficiency import EFFICIENCY_COLUMNS, analyze_efficiency, utilisation
 from profkit.analyze.allocator_owners import AllocatorOwners, attribute_history
 from profkit.analyze.lifetimes import LifetimeEvents, attribute, read_lifetimes
 from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline, analyze_lifetimes, analyze_memory,
@@ -29,7 +30,7 @@ from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
 from profkit.analyze.snapshot import SnapshotError, analyse_snapshot, load_snapshot
 from profkit.analyze.trace_memory import LIVE_COLUMNS, PEAK_COLUMNS, analyze_trace_memory
-from profkit.core import labels
+from profkit.core import gpus, labels
 from profkit.core.units import human_bytes as h
 from profkit.store.manifest import ManifestError, RunRecord
 
@@ -45,7 +46,8 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s",
                "other_threads_op_s", "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
                "repetition_of", "repetition", "ttft_median_s", "tpot_median_s", "tpot_p90_s", "kv_cache_bytes",
-               "kv_cache_tokens"]
+               "kv_cache_tokens", "device_name", "gpu", "model_flop_per_step", "hardware_flop_per_step",
+               "flop_precision", "mfu", "hfu"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class Breakdown:
     # profkit runs with both attributions: the storage lifetimes' and the profiler export's bytes per category
     # at the peak, side by side (run, method, category, lifetimes_bytes, export_bytes, difference_...).
     memory_sources: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # Traces with shapes: each time category's work (FLOPs, bytes) per step against its time, and on a known
+    # GPU the roof that bounds it (run, method, resource, *analyze.efficiency.EFFICIENCY_COLUMNS).
+    efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def failed(self) -> bool:
@@ -200,7 +205,7 @@ class _Collected:
         self.runs: list[dict] = []
         self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in (
             "memory", "time", "time_by_name", "measured", "predicted", "trace_memory", "trace_memory_peaks",
-            "memory_over_time", "time_per_step", "memory_sources")}
+            "memory_over_time", "time_per_step", "memory_sources", "efficiency")}
         self.notes: dict[str, list[str]] = {}
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
@@ -255,6 +260,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         memory_over_time=c.frame("memory_over_time"),
         time_per_step=c.frame("time_per_step", ["run", "method", "category", "step", "seconds"]),
         memory_sources=c.frame("memory_sources", ["run", "method", *SOURCES_COLUMNS]),
+        efficiency=c.frame("efficiency", ["run", "method", "resource", *EFFICIENCY_COLUMNS]),
     )
 
 
@@ -368,6 +374,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
             row.update(rank=info["rank"], world_size=info["world_size"],
                        first_step_start_us=t.windows[0][0] + trace.base_time_ns / 1e3 if t.windows else None)
         notes += t.notes
+        _efficiency(trace, t, record, row, c, notes, src.run, method)
     except TraceError as exc:
         problems.append(Problem(exc.path, exc.reason))
     except Exception as exc:  # no input may end in a traceback: name the file, keep analysing the others
@@ -422,6 +429,29 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
     except Exception as exc:
         problems.append(Problem(run_dir.path, _unexpected(exc)))
     return row
+
+
+def _efficiency(trace, t, record, row: dict, c: _Collected, notes: list[str], run: str, method: str) -> None:
+    """The work per category against its time; MFU over the clean step where the run has one (a profiled
+    step is slowed by the profiler), else the profiled step."""
+    gpu, name = gpus.from_trace(trace.metadata)
+    if not name and record is not None:
+        name = record.device.get("name") or record.device.get("type") or ""
+    row.update(device_name=name or None, gpu=gpu.key if gpu else None)
+    if trace.has_gpu and gpu is None and name:
+        notes.append(f"{trace.path.name}: the device {name!r} is not in profkit's GPU table: work and rates are "
+                     "shown, shares of its peak are not")
+    e = analyze_efficiency(trace, t, gpu)
+    if e is None:
+        if trace.has_gpu:
+            notes.append(f"{trace.path.name}: recorded without shapes (record_shapes): no FLOPs or bytes per "
+                         "category, no MFU")
+        return
+    c.add("efficiency", e.rows.assign(resource=e.resource), run, method)
+    step = row.get("clean_step_time_s") or (t.gpu_window_s if e.resource == "gpu" else t.step_time_s)
+    row.update(model_flop_per_step=e.model_flop, hardware_flop_per_step=e.hardware_flop,
+               flop_precision=e.precision or None, **utilisation(e, step, gpu))
+    notes += e.notes
 
 
 def _allocator_owners(record, run_dir: store.RunDir, lifetimes: LifetimeEvents,

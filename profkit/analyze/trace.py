@@ -69,6 +69,22 @@ class Trace:
     correlation: np.ndarray  # int64, runtime<->kernel correlation id or -1
     memory: MemoryEvents | None = None
     warnings: list[str] = field(default_factory=list)
+    # record_shapes: each event's inputs as an index into ``inputs`` (-1: none recorded); ``inputs`` holds each
+    # distinct (dims, types, concrete values) once, as JSON text (layers repeat the same shapes)
+    input_id: np.ndarray | None = None
+    inputs: list[bytes] = field(default_factory=list)
+
+    def inputs_of(self, i: int) -> tuple[list, list, list] | None:
+        """The recorded input dims, types and concrete values of event ``i``, or None."""
+        k = -1 if self.input_id is None else int(self.input_id[i])
+        if k < 0:
+            return None
+        try:
+            dims, types, concrete = json.loads(self.inputs[k])
+        except ValueError:
+            return None
+        return (dims if isinstance(dims, list) else [], types if isinstance(types, list) else [],
+                concrete if isinstance(concrete, list) else [])
 
     @property
     def name(self) -> np.ndarray:
@@ -143,6 +159,10 @@ class _Args(msgspec.Struct):
     device_type: int = msgspec.field(default=-1, name="Device Type")
     device_id: int = msgspec.field(default=-1, name="Device Id")
     addr: int = msgspec.field(default=-1, name="Addr")
+    # record_shapes: kept as raw JSON text and decoded only for the ops whose work is counted (core/work.py)
+    dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    types: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    concrete: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Concrete Inputs")
 
 
 class _Event(msgspec.Struct):
@@ -194,6 +214,8 @@ class _Columns:
                                             "addr")}
         self.mem_ts = array("d")
         self.mem_thread = array("i")
+        self.inputs: dict[bytes, int] = {}
+        self.input_id = array("i")
 
     def _drop(self, reason: str, n: int) -> None:
         if n:
@@ -209,6 +231,10 @@ class _Columns:
         self.dur.extend([e.dur for e in x])
         self.seq.extend([e.args.seq if e.args is not None else -1 for e in x])
         self.corr.extend([e.args.correlation if e.args is not None else -1 for e in x])
+        inputs = self.inputs
+        self.input_id.extend([inputs.setdefault(b"[" + bytes(e.args.dims) + b"," + (bytes(e.args.types) or b"[]") + b","
+                                                + (bytes(e.args.concrete) or b"[]") + b"]", len(inputs))
+                              if e.args is not None and len(e.args.dims) else -1 for e in x])
         mem = [e for e in events if e.ph == "i" and e.name == "[memory]" and e.args is not None]
         if mem:
             self.mem_ts.extend([e.ts for e in mem])
@@ -242,6 +268,9 @@ class _Columns:
             # A time written as a string, or any other non-number, is damage, not a format: left invalid (dropped).
             ts, dur = (float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
                        for v in (e.get("ts"), e.get("dur")))
+            for src, dst in (("Input Dims", "dims"), ("Input type", "types"), ("Concrete Inputs", "concrete")):
+                if isinstance(args.get(src), list):
+                    kwargs[dst] = msgspec.Raw(json.dumps(args[src]).encode())
             typed.append(_Event(ph=e.get("ph", ""), cat=e.get("cat", ""), name=e.get("name", ""),
                                 pid=e.get("pid", ""), tid=e.get("tid", ""), ts=ts, dur=dur, args=_Args(**kwargs)))
         self.add(typed)
@@ -390,7 +419,8 @@ def load_trace(path: Path | str) -> Trace:
                   np.frombuffer(columns.name_id, dtype=np.int32)[keep], list(columns.cats),
                   np.frombuffer(columns.cat_id, dtype=np.int16)[keep], threads,
                   np.frombuffer(columns.thread_id, dtype=np.int32)[keep], ts[keep], dur[keep], np.frombuffer(columns.seq, dtype=np.int64)[keep],
-                  np.frombuffer(columns.corr, dtype=np.int64)[keep], memory)
+                  np.frombuffer(columns.corr, dtype=np.int64)[keep], memory,
+                  input_id=np.frombuffer(columns.input_id, dtype=np.int32)[keep], inputs=list(columns.inputs))
     if dropped:
         trace.warnings.append(f"{sum(dropped.values())} events dropped, never analysed: {_dropped_text(dropped)}")
     return trace

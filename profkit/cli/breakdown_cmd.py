@@ -159,6 +159,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     host = views.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
     _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
                      host, gpu_runs, label)
+    _print_efficiency(out, bd, label)
     _print_ranks(out, bd)
     for sentence in findings.idle_sentences(bd):
         out.print(escape(sentence), highlight=False)
@@ -219,6 +220,48 @@ def _share(seconds, share) -> str:
     if pd.isna(seconds):
         return "-"
     return human_seconds(seconds) if share is None or pd.isna(share) else f"{share:4.0%} {human_seconds(seconds):>9}"
+
+
+DETAILED_EFFICIENCY_RUNS = 3  # more runs than this: the summary only (the details are in --format json)
+
+
+def _print_efficiency(out: Console, bd: Breakdown, label: dict[str, str]) -> None:
+    summary = tables.utilisation(bd)
+    if summary.empty:
+        return
+    t = Table(title="Work per profiled step (from the recorded shapes)", box=box.SIMPLE_HEAD, padding=(0, 1),
+              caption="MFU: model FLOPs (no recompute) over the clean step and the device's dense peak; HFU "
+                      "with recompute; GPU runs on a known GPU only")
+    t.add_column("run", overflow="fold")
+    t.add_column("device", no_wrap=True)
+    for col in ("GFLOP\nper step", "GEMM\nTFLOP/s", "MFU", "HFU"):
+        t.add_column(col, justify="right", no_wrap=True, min_width=6)
+    for _, r in summary.iterrows():
+        t.add_row(escape(label.get(r.run, r.run)), escape(str(r.device)), _number(r["GFLOP/step"], "{:,.1f}"),
+                  _number(r["GEMM TFLOP/s"], "{:.3g}"), _number(r.MFU, "{:.1%}"), _number(r.HFU, "{:.1%}"))
+    out.print(t)
+    if len(summary) > DETAILED_EFFICIENCY_RUNS:
+        out.print("[dim]each category's rates and roofs: --format json (efficiency)[/]", highlight=False)
+        return
+    for run in summary.run:
+        detail = tables.efficiency(bd, run)
+        t = Table(title=f"{label.get(run, run)}: how each category used the device", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True, pad_edge=False, caption="roof: the share reached of the roof that bounds the work (compute or "
+                                              "memory bandwidth); uncounted: ops without a formula, shapes or a "
+                                              "launch in the trace")
+        for col in detail.columns:
+            left = col in ("category", "work", "bound")
+            t.add_column(col, justify="left" if left else "right", no_wrap=True,
+                         min_width=max(len(col), detail[col].astype(str).str.len().max() if left else 0))
+        for _, r in detail.iterrows():
+            t.add_row(r.category, r.work, _number(r.ms, "{:.3g}"), _number(r["TFLOP/s"], "{:.3g}"),
+                      _number(r["GB/s"], "{:,.0f}"), _number(r["FLOP/B"], "{:.3g}"), r.bound or "-",
+                      _number(r.roof, "{:.0%}"))
+        out.print(t)
+
+
+def _number(value, fmt: str) -> str:
+    return fmt.format(value) if value is not None and pd.notna(value) and value != 0 else "-"
 
 
 def _print_ranks(out: Console, bd: Breakdown) -> None:

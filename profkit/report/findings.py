@@ -135,6 +135,7 @@ def findings(bd: Breakdown) -> list[str]:
             top = row.idxmax()
             out.append(f"{run}: the largest time category is {top}, {human_seconds(row[top])} of "
                        f"{human_seconds(row.sum())} per profiled step ({100 * row[top] / row.sum():.0f}%).")
+    out += work_sentences(bd)
     out += engine_differences(bd)
     out += idle_sentences(bd) + exposure_sentences(bd) + rank_sentences(bd)
     if len(v.runs):
@@ -190,6 +191,39 @@ def _quantized_inference(v: _View, fp16: str, int4: str) -> str:
 
 ENGINE_NAMES = {"loop": "profkit's loop", "trainer": "transformers.Trainer", "session": "a user's loop"}
 BUCKET_ORIGIN = {"loop": "DeepSpeed's default", "trainer": "Hugging Face's \"auto\": hidden_size^2"}
+
+
+WORK_MARGIN = 1.1  # "more work": at least this many times the other run's model FLOPs per step
+
+
+def work_sentences(bd: Breakdown) -> list[str]:
+    """More work in less time: run a does at least ``WORK_MARGIN`` times b's model FLOPs per step, on the same
+    device and tokens per step, yet its clean step is measurably shorter. Not a contradiction in a measurement --
+    it says that b's time is not spent on its arithmetic -- but a figure to check wherever it is claimed without
+    one (a published comparison: ``estimate`` holds those to the device's peak)."""
+    v = _View(bd)
+    if v.runs.empty or "model_flop_per_step" not in v.runs:
+        return []
+    runs = [r for r in v.ok if pd.notna(v.runs.loc[r, "model_flop_per_step"]) and v.runs.loc[r, "model_flop_per_step"] > 0
+            and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and r in bd.records]
+    out = []
+    for a in runs:
+        for b in runs:
+            same = (bd.records[a].timings.get("tokens_per_step") == bd.records[b].timings.get("tokens_per_step")
+                    and v.runs.loc[a, "device_name"] == v.runs.loc[b, "device_name"])
+            work_a, work_b = v.runs.loc[a, "model_flop_per_step"], v.runs.loc[b, "model_flop_per_step"]
+            if not same or work_a < WORK_MARGIN * work_b or v.clean(a) >= v.clean(b):
+                continue
+            if not noise.clean_step(bd, a, b).measurable:
+                continue
+            rate_a, rate_b = work_a / v.clean(a), work_b / v.clean(b)
+            out.append(
+                f"More work in less time: {a} does {work_a / work_b:.2f}x the model FLOPs per step of {b} "
+                f"({work_a / 1e9:,.2f} vs {work_b / 1e9:,.2f} GFLOP) in {v.clean(a) / v.clean(b):.2f}x its clean "
+                f"step ({human_seconds(v.clean(a))} vs {human_seconds(v.clean(b))}): {a} computes at "
+                f"{rate_a / 1e9:,.1f} GFLOP/s, {b} at {rate_b / 1e9:,.1f}, so {b}'s extra time is not arithmetic "
+                f"(its categories say what it is).")
+    return out
 
 
 def engine_differences(bd: Breakdown) -> list[str]:

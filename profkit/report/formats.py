@@ -92,6 +92,10 @@ def to_records(bd: Breakdown, explained: str | None = None) -> list[dict]:
                                                     for c, v in kernels.iterrows() if v.overlapped_seconds > 0}
                 idle = bd.time_by_name[(bd.time_by_name.run == run) & (bd.time_by_name.category == "idle")]
                 rec["gpu_idle_by_reason"] = {n.removeprefix("idle: "): v for n, v in zip(idle.name, idle.seconds)}
+        e = bd.efficiency[bd.efficiency.run == run] if len(bd.efficiency) else []
+        if len(e):
+            # Per step: each category's work (FLOPs, bytes) and time, its rates and, on a known GPU, its roof.
+            rec["efficiency"] = _rows(e.drop(columns=["run", "method"]))
         peaks = bd.trace_memory_peaks[bd.trace_memory_peaks.run == run] if len(bd.trace_memory_peaks) else []
         if len(peaks):
             rec["trace_memory"] = {
@@ -139,6 +143,12 @@ def to_markdown(bd: Breakdown, baseline: str | None = None, explained: str | Non
     tim = time_per_step(bd)
     if not tim.empty:
         parts.append("## Time per profiled step (ms)\n\n" + tim.map(ms).T.to_markdown())
+    summary = tables.utilisation(bd)
+    if not summary.empty:
+        parts.append("## Work per profiled step\n\n" + summary.to_markdown(index=False, floatfmt=".3g"))
+        for run in summary.run:
+            parts.append(f"### {run}: how each category used the device\n\n"
+                         + tables.efficiency(bd, run).to_markdown(index=False, floatfmt=".3g"))
     baseline = baseline or tables.default_baseline(bd)
     if baseline:
         lines = [f"- {s}" for s in findings.delta_sentences(bd, baseline)]

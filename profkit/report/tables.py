@@ -76,3 +76,31 @@ def predicted_errors(bd: Breakdown) -> pd.DataFrame:
 
 def format_error(error) -> str:
     return "-" if error is None or (isinstance(error, float) and math.isnan(error)) else f"{error:+.1%}"
+
+
+def efficiency(bd: Breakdown, run: str) -> pd.DataFrame:
+    """One run's work per category and kind, in display units: time (ms per step), TFLOP/s, GB/s, FLOP per byte,
+    the bounding roof and the share of it reached."""
+    e = bd.efficiency[bd.efficiency.run == run] if len(bd.efficiency) else bd.efficiency
+    if e.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "category": e.category, "work": e.work, "ms": e.seconds * 1e3, "TFLOP/s": e.flop_per_s / 1e12,
+        "GB/s": e.bytes_per_s / 1e9, "FLOP/B": e.flop_per_byte, "bound": e.bound, "roof": e.roof_fraction,
+    }).reset_index(drop=True)
+
+
+def utilisation(bd: Breakdown) -> pd.DataFrame:
+    """One row per run with counted work: the device, model FLOPs per step, MFU and HFU, and the GEMMs' rate."""
+    if bd.efficiency.empty:
+        return pd.DataFrame()
+    rows = []
+    for run, e in bd.efficiency.groupby("run", sort=False):
+        r = bd.runs.set_index("run").loc[run]
+        gemm = e[e.work == "gemm"]
+        counted = gemm.counted_seconds.sum()
+        rows.append({"run": run, "device": r.get("gpu") or r.get("device_name") or "-",
+                     "GFLOP/step": r.get("model_flop_per_step", math.nan) / 1e9,
+                     "GEMM TFLOP/s": gemm.flop.sum() / counted / 1e12 if counted else math.nan,
+                     "MFU": r.get("mfu"), "HFU": r.get("hfu")})
+    return pd.DataFrame(rows)
