@@ -1,0 +1,206 @@
+"""Whether the step's time was well spent: the work each time category did against the time it took, beside
+the device's roofs.
+
+Each op's work (FLOPs, bytes moved: ``core.work``) is counted once, at the outermost op that has a formula
+(``aten::addmm`` under ``aten::linear``; an attention op over the kernels and ops it runs). On a GPU trace its
+time is that of the kernels it launched (found through the launch's correlation id, as the time analysis
+finds them) and its category is theirs; on a CPU trace its time is the op's own duration and its category the
+op's. Per category and kind of work (GEMM, attention, dequantization, memory-bound ops: one layer's attention
+category holds its fused attention kernel and the elementwise ops around it, which meet different roofs;
+"uncounted" is time whose work has no formula or no recorded shapes): achieved FLOP/s and bytes/s, arithmetic intensity, and -- on a GPU in ``core.gpus`` --
+the roof that bounds it (compute where the intensity is above the device's ridge point, memory below) and the
+share of that roof reached.
+
+Model FLOPs utilisation (MFU): the step's model FLOPs over the clean step time and the device's dense peak at
+the GEMMs' precision. The model FLOPs are the counted GEMM and attention FLOPs of every phase but recompute,
+less the scores a fused attention backward recomputes (gradient checkpointing's second forward and a kernel's
+recomputation are work the model does not need, so they are not in MFU; the hardware's utilisation, with them,
+is ``hfu``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from profkit.core import work as work_of
+from profkit.analyze.categories import by_name
+from profkit.analyze.time import TimeResult
+from profkit.analyze.trace import GPU_CATS, Trace
+from profkit.core.gpus import Gpu
+
+EFFICIENCY_COLUMNS = ["category", "work", "seconds", "counted_seconds", "flop", "bytes", "flop_per_s", "bytes_per_s",
+                      "flop_per_byte", "precision", "peak_flop_per_s", "peak_bytes_per_s", "bound", "roof_fraction"]
+MODEL_WORK = ("gemm", "attention")
+UNCOUNTED = "uncounted"
+
+
+@dataclass
+class EfficiencyResult:
+    rows: pd.DataFrame  # EFFICIENCY_COLUMNS, per profiled step
+    resource: str  # "gpu" (kernel time) or "cpu" (op time)
+    model_flop: float  # per step: GEMM and attention FLOPs outside recompute
+    hardware_flop: float  # per step: with recompute
+    precision: str  # the GEMMs' precision, by FLOPs ("" where none)
+    ops_with_shapes: int  # counted ops that had recorded shapes
+    notes: list[str] = field(default_factory=list)
+
+
+def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> EfficiencyResult | None:
+    """None where the trace has no shapes (recorded without ``record_shapes``): nothing can be counted."""
+    if t.ops is None or trace.input_id is None or not (trace.input_id >= 0).any():
+        return None
+    host, parent = t.ops.host, t.ops.parent
+    names, name_id = trace.names, trace.name_id[host].tolist()
+    has_formula = [work_of.has_formula(n) for n in names]
+    # The outermost op with a formula around each host event (parents come before children in walk order).
+    owner = np.full(len(host), -1, dtype=np.int64)
+    par = parent.tolist()
+    for j in range(len(host)):
+        p = par[j]
+        if p >= 0 and owner[p] >= 0:
+            owner[j] = owner[p]
+        elif has_formula[name_id[j]]:
+            owner[j] = j
+    works: dict[int, work_of.Work] = {}
+    cache: dict[tuple[int, int], work_of.Work] = {}
+
+    def work(j: int) -> work_of.Work | None:
+        if j not in works:
+            i = int(host[j])
+            key = (int(trace.name_id[i]), int(trace.input_id[i]))
+            if key[1] < 0:
+                works[j] = None  # no shapes recorded for this op
+            else:
+                if key not in cache:
+                    dims, types, concrete = trace.inputs_of(i) or ([], [], [])
+                    cache[key] = work_of.work(names[key[0]], dims, types, concrete)
+                works[j] = cache[key]
+        return works[j]
+
+    steps = t.windows
+    starts = np.array([a for a, _ in steps])
+    ends = np.array([b for _, b in steps])
+
+    def in_steps(x: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, x, side="right") - 1
+        return (k >= 0) & (x < ends[np.clip(k, 0, None)])
+
+    seconds: dict[tuple[str, str], float] = defaultdict(float)  # (category, work kind) -> µs
+    category_of_owner: dict[int, str] = {}
+    recompute_owner: set[int] = set()
+    if trace.has_gpu:
+        resource = "gpu"
+        local = np.full(len(trace.ts), -1, dtype=np.int64)
+        local[host] = np.arange(len(host))
+        code = {c: i for i, c in enumerate(trace.cats)}
+        runtime = np.flatnonzero(np.isin(trace.cat_id, [code[c] for c in ("cuda_runtime", "cuda_driver") if c in code])
+                                 & (trace.correlation >= 0))
+        launch = dict(zip(trace.correlation[runtime].tolist(), local[runtime].tolist()))
+        kernels = np.flatnonzero(trace.mask(*GPU_CATS) & (trace.cat_id == code.get("kernel", -1)))
+        launched_at = np.array([trace.ts[host[launch[c]]] if c in launch else trace.ts[k]
+                                for k, c in zip(kernels.tolist(), trace.correlation[kernels].tolist())])
+        kernels = kernels[in_steps(launched_at)] if len(kernels) else kernels
+        context = t.ops.category
+        for k in kernels.tolist():
+            r = launch.get(int(trace.correlation[k]))
+            c = context[r] if r is not None else None
+            if c in (None, "other", "host_overhead"):
+                c = by_name(names[trace.name_id[k]]) or "other"
+            o = owner[r] if r is not None else -1
+            w = work(o) if o >= 0 else None
+            if w is not None and not (w.flops or w.bytes):
+                w = None  # a formula that could not count these shapes (its note says why)
+            if w is not None and w.kind:
+                category_of_owner.setdefault(o, c)
+                c = category_of_owner[o]  # an op's kernels stay with its work
+            seconds[c, w.kind if w is not None and w.kind else UNCOUNTED] += float(trace.dur[k])
+    else:
+        resource = "cpu"
+        owners = np.flatnonzero((owner == np.arange(len(host))) & in_steps(trace.ts[host]))
+        for j in owners.tolist():
+            w = work(j)
+            if w is None or not w.kind or not (w.flops or w.bytes):
+                continue
+            c = t.ops.category[j] or "other"
+            seconds[c, w.kind] += float(trace.dur[host[j]])
+            category_of_owner[j] = c
+    for j, c in category_of_owner.items():
+        if c == "recompute":
+            recompute_owner.add(j)
+
+    flop: dict[tuple[str, str], float] = defaultdict(float)
+    moved: dict[tuple[str, str], float] = defaultdict(float)
+    by_precision: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    model = hardware = 0.0
+    partial: dict[str, int] = defaultdict(int)
+    for j, c in category_of_owner.items():
+        w = work(j)
+        flop[c, w.kind] += w.flops
+        moved[c, w.kind] += w.bytes
+        if w.precision:
+            by_precision[c, w.kind][w.precision] += w.flops
+        if w.kind in MODEL_WORK:
+            hardware += w.flops
+            if j not in recompute_owner:
+                model += w.model
+    n = max(t.n_steps, 1)
+    rows = []
+    total = defaultdict(float)
+    for (c, _), us in seconds.items():
+        total[c] += us
+    for key in sorted(seconds, key=lambda k: (-total[k[0]], k[1] == UNCOUNTED, -seconds[k])):
+        c, kind = key
+        cs = 0.0 if kind == UNCOUNTED else seconds[key] / 1e6 / n
+        f, b = flop[key] / n, moved[key] / n
+        precision = max(by_precision[key], key=by_precision[key].get) if by_precision[key] else ""
+        row = dict(category=c, work=kind, seconds=seconds[key] / 1e6 / n, counted_seconds=cs, flop=f, bytes=b,
+                   flop_per_s=f / cs if cs else np.nan, bytes_per_s=b / cs if cs else np.nan,
+                   flop_per_byte=f / b if b else np.nan, precision=precision, peak_flop_per_s=np.nan,
+                   peak_bytes_per_s=np.nan, bound="", roof_fraction=np.nan)
+        if gpu is not None and resource == "gpu" and cs:
+            _roofline(row, gpu)
+        rows.append(row)
+    all_precisions: dict[str, float] = defaultdict(float)
+    for per in by_precision.values():
+        for p, v in per.items():
+            all_precisions[p] += v
+    for w in works.values():
+        if w is not None and w.note:
+            partial[w.note] += 1
+    notes = [f"{k} op call(s): {note}" for note, k in partial.items()]
+    uncounted = sum(r["seconds"] for r in rows if r["work"] == UNCOUNTED)
+    if resource == "gpu" and uncounted > 0.05 * sum(r["seconds"] for r in rows):
+        notes.append(f"{uncounted / sum(r['seconds'] for r in rows):.0%} of the kernel time ran work that is not "
+                     "counted (ops without a formula or recorded shapes, kernels compiled by torch.compile, "
+                     "kernels launched before the trace began): the FLOPs per step and MFU are lower bounds")
+    missing = sum(1 for j, w in works.items() if w is None)
+    if missing:
+        notes.append(f"{missing} op(s) with a formula recorded no shapes: their work is not counted")
+    return EfficiencyResult(pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS), resource, model / n, hardware / n,
+                            max(all_precisions, key=all_precisions.get) if all_precisions else "",
+                            sum(1 for w in works.values() if w is not None and w.kind), notes)
+
+
+def _roofline(row: dict, gpu: Gpu) -> None:
+    peak = gpu.peak_flop_per_s(row["precision"]) if row["precision"] else None
+    bandwidth = gpu.bytes_per_s
+    row["peak_flop_per_s"] = peak if peak else np.nan
+    row["peak_bytes_per_s"] = bandwidth if bandwidth else np.nan
+    if not bandwidth:
+        return
+    if peak and row["flop"] and row["flop_per_byte"] >= peak / bandwidth:
+        row["bound"], row["roof_fraction"] = "compute", row["flop_per_s"] / peak
+    else:
+        row["bound"], row["roof_fraction"] = "memory", row["bytes_per_s"] / bandwidth
+
+
+def utilisation(result: EfficiencyResult, step_time_s: float | None, gpu: Gpu | None) -> dict[str, float | None]:
+    """MFU and HFU over ``step_time_s`` (the clean step where the run has one) at the GEMMs' precision."""
+    peak = gpu.peak_flop_per_s(result.precision) if gpu is not None and result.precision else None
+    if not peak or not step_time_s or result.resource != "gpu":
+        return {"mfu": None, "hfu": None}
+    return {"mfu": result.model_flop / step_time_s / peak, "hfu": result.hardware_flop / step_time_s / peak}
