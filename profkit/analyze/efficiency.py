@@ -47,6 +47,9 @@ class EfficiencyResult:
     precision: str  # the GEMMs' precision, by FLOPs ("" where none)
     ops_with_shapes: int  # counted ops that had recorded shapes
     notes: list[str] = field(default_factory=list)
+    # One row per counted op call: category, kind, flops, bytes, precision, seconds (its kernels', or its own on
+    # a CPU), kernels; what a step-time model is fitted on (analyses/fit_step_time.py)
+    ops: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> EfficiencyResult | None:
@@ -91,6 +94,8 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
 
     seconds: dict[tuple[str, str], float] = defaultdict(float)  # (category, work kind) -> µs
     category_of_owner: dict[int, str] = {}
+    owner_us: dict[int, float] = defaultdict(float)
+    owner_kernels: dict[int, int] = defaultdict(int)
     recompute_owner: set[int] = set()
     if trace.has_gpu:
         resource = "gpu"
@@ -117,6 +122,8 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
             if w is not None and w.kind:
                 category_of_owner.setdefault(o, c)
                 c = category_of_owner[o]  # an op's kernels stay with its work
+                owner_us[o] += float(trace.dur[k])
+                owner_kernels[o] += 1
             seconds[c, w.kind if w is not None and w.kind else UNCOUNTED] += float(trace.dur[k])
     else:
         resource = "cpu"
@@ -128,6 +135,7 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
             c = t.ops.category[j] or "other"
             seconds[c, w.kind] += float(trace.dur[host[j]])
             category_of_owner[j] = c
+            owner_us[j] += float(trace.dur[host[j]])
     for j, c in category_of_owner.items():
         if c == "recompute":
             recompute_owner.add(j)
@@ -180,9 +188,12 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
     missing = sum(1 for j, w in works.items() if w is None)
     if missing:
         notes.append(f"{missing} op(s) with a formula recorded no shapes: their work is not counted")
+    per_op = pd.DataFrame([dict(category=c, kind=works[j].kind, flops=works[j].flops, bytes=works[j].bytes,
+                                precision=works[j].precision, seconds=owner_us[j] / 1e6, kernels=owner_kernels[j])
+                           for j, c in category_of_owner.items()])
     return EfficiencyResult(pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS), resource, model / n, hardware / n,
                             max(all_precisions, key=all_precisions.get) if all_precisions else "",
-                            sum(1 for w in works.values() if w is not None and w.kind), notes)
+                            sum(1 for w in works.values() if w is not None and w.kind), notes, per_op)
 
 
 def _roofline(row: dict, gpu: Gpu) -> None:

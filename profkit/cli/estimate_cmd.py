@@ -8,6 +8,7 @@ from rich.table import Table
 
 from profkit.cli import options
 from profkit.cli.common import Format, chunks, fail_usage
+from profkit.core import gpus
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.core.presets import UnknownPresetError, get_preset
 from profkit.core.settings import RunSettings
@@ -53,11 +54,15 @@ def estimate(
     all_methods: bool = typer.Option(False, "--all", help="Every training method."),
     world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO or FSDP shards across."),
     device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
+    gpu: str = typer.Option(None, "--gpu", help=f"Also predict the step time on this GPU (training methods): "
+                                               f"{', '.join(gpus.GPUS)}."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     run_settings: dict = None, method_settings: dict = None,
 ) -> None:
     """Predict each memory category of a method without running it (the model is built on the meta device: no
-    weights, no memory). Training: one step. Generation: weights, the KV cache and the peak of generate()."""
+    weights, no memory). Training: one step. Generation: weights, the KV cache and the peak of generate().
+    With --gpu, the step time and tokens/s too (predicted from the step's work and efficiencies measured on
+    real GPU traces)."""
     try:
         chosen = [m for m in resolve(methods or [], all_methods) if not all_methods or m.kind == "train"]
     except UnknownMethodError as exc:
@@ -66,12 +71,22 @@ def estimate(
         fail_usage(f"name at least one method, or --all; methods: {', '.join(TRAINING + INFERENCE)}")
     chosen, _ = options.apply(chosen, method_settings)
     settings = workload_settings(run_settings)
+    target = None
+    if gpu is not None:
+        try:
+            target = gpus.find(gpu)
+        except gpus.UnknownGpu as exc:
+            fail_usage(str(exc))
+        if device != "cuda":
+            fail_usage("--gpu predicts a CUDA step: leave --device at cuda")
     estimates = run_estimates(chosen, settings, device, world_size)
+    times = run_step_times(chosen, settings, target, world_size) if target else {}
 
     from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
     if fmt is Format.json:
-        typer.echo(json.dumps([e.to_json() for e in estimates], indent=2))
+        typer.echo(json.dumps([{**e.to_json(), **({"step_time": times[e.method].to_json()} if e.method in times else {})}
+                               for e in estimates], indent=2))
     elif fmt is Format.csv:
         typer.echo(frame(estimates).to_csv(index=False), nl=False)
     elif fmt is Format.markdown:
@@ -79,6 +94,49 @@ def estimate(
         typer.echo("## Predicted memory at each method's peak (MiB)\n\n" + table.to_markdown() + "\n")
     else:
         _print(estimates, settings, device, world_size)
+        if times:
+            _print_times(times, target, estimates)
+
+
+def run_step_times(methods: list[Method], settings: RunSettings, gpu, world_size: int) -> dict:
+    """Method name -> its predicted StepTime on ``gpu`` (training methods); exits 2 with the reason where the
+    meta-device step cannot be run."""
+    from profkit.predict.estimate import EstimateError  # heavy: torch and transformers (see run_estimates)
+    from profkit.predict.step_time import predict_run
+
+    out = {}
+    for m in methods:
+        if m.kind != "train":
+            continue
+        try:
+            out[m.name] = predict_run(m, settings, gpu, world_size)
+        except EstimateError as exc:
+            fail_usage(str(exc))
+    return out
+
+
+def _print_times(times: dict, gpu, estimates) -> None:
+    out = Console()
+    peaks = {e.method: e.peak_bytes for e in estimates}
+    categories = list(dict.fromkeys(c for st in times.values() for c in st.by_category))
+    for names in chunks(list(times), out.width):
+        # The title above the table, not in it: rich wraps a title to the table's width, narrow for one method.
+        out.print(f"Predicted step time on {gpu.key} (not measured)", style="italic", highlight=False)
+        t = Table(caption="from the step's FLOPs and bytes at efficiencies measured on real GPU traces "
+                          "(reports/step-time/); each category's seconds per step")
+        t.add_column("", no_wrap=True)
+        for n in names:
+            t.add_column(n, justify="right", no_wrap=True)
+        t.add_row("[bold]step[/]", *[f"{times[n].seconds * 1e3:,.1f} ms" for n in names])
+        t.add_row("tokens/s", *[f"{times[n].tokens_per_s:,.0f}" for n in names])
+        for c in categories:
+            t.add_row(f"  {c}", *[f"{times[n].by_category.get(c, 0.0) * 1e3:,.2f} ms" for n in names])
+        t.add_row("GFLOP per step", *[f"{times[n].flop / 1e9:,.1f}" for n in names])
+        t.add_row("fits in memory", *[("yes" if peaks.get(n, 0) <= gpu.memory_bytes else "[red]no[/]") + 
+                                      f" ({peaks.get(n, 0) / gpu.memory_bytes:.0%})" for n in names])
+        out.print(t)
+    for note in dict.fromkeys(n for st in times.values() for n in st.notes):
+        out.print(f"[dim]note: {note}[/]", highlight=False)
 
 
 def _workload(e) -> str:

@@ -28,6 +28,7 @@ PCIE_GB_S = {"Gen3": 16, "Gen4": 32, "Gen5": 64, "Gen6": 128}
 @dataclass(frozen=True)
 class Gpu:
     key: str  # what --gpu takes: "H100-SXM"
+    vendor: str  # NVIDIA, AMD: whose libraries (cuBLAS, rocBLAS) reach what share of the peak
     names: tuple[str, ...]  # as torch.cuda.get_device_name and deviceProperties write them
     sms: int | None
     compute_capability: str
@@ -61,7 +62,7 @@ def _load() -> dict[str, Gpu]:
             host = next((v for gen, v in PCIE_GB_S.items() if r["pcie_gen_and_gbps"].startswith(gen)), None)
             major, minor = r["kineto_computeMajor"].strip(), r["kineto_computeMinor"].strip()
             gpus[r["key"]] = Gpu(
-                key=r["key"], names=tuple(n.strip() for n in r["names_in_traces"].split("|") if n.strip()),
+                key=r["key"], vendor=r["vendor"], names=tuple(n.strip() for n in r["names_in_traces"].split("|") if n.strip()),
                 sms=int(r["sm_count"]) if r["sm_count"].strip() else None,
                 compute_capability=f"{major}.{minor}" if major else "",
                 memory_bytes=int(float(r["memory_gib"]) * 2**30), bytes_per_s=float(r["memory_bandwidth_gbps"]) * 1e9,

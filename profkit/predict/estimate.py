@@ -202,7 +202,7 @@ class _GroupedMatmul(torch.autograd.Function):
         return a.new_empty(a.shape[0], b.shape[-1])
 
 
-class _TargetDevice(torch.overrides.TorchFunctionMode):
+class TargetDevice(torch.overrides.TorchFunctionMode):
     """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
 
     LOWER = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
@@ -261,7 +261,7 @@ class _TargetDevice(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _contiguous_batches():
+def contiguous_batches():
     """transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors cannot
     answer; profkit's batches and prompts are contiguous blocks, for which the answer is "none". transformers
     offers no argument for it, so its function is swapped for the answer while the meta forward runs."""
@@ -326,8 +326,8 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
     count(batch, "before")  # the batch is held through the step (input_ids and labels are one tensor)
     try:
-        with _contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
-                _TargetDevice(target, autocast):
+        with contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+                TargetDevice(target, autocast):
             out = model(input_ids=batch, labels=batch)
         # The logits the loss reads: the LM head's output, or what the model makes of it (Gemma 2 soft-caps them).
         logits = out.logits
@@ -715,7 +715,7 @@ def _generate_pass(model, input_ids, cache, target: Target, autocast, static: li
     min-new-tokens processor's copy), under a live-storage tracker. Returns the tracker and the cache."""
     cache = cache if cache is not None else DynamicCache(config=model.config)
     with torch.inference_mode(), _LiveStorages(static, [input_ids, *_cache_tensors(cache)]) as live, \
-            _TargetDevice(target, autocast):
+            TargetDevice(target, autocast):
         out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         scores = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
         processed = torch.where(torch.zeros_like(scores, dtype=torch.bool), -math.inf, scores)
@@ -745,7 +745,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
         transient = sum(live.at_peak.values()) - cache_after
         return {**{c: 0 for c in CATEGORIES}, **weights, "kv_cache": cache_after, "activations": max(transient, 0)}
 
-    with _contiguous_batches():
+    with contiguous_batches():
         live, cache = _generate_pass(model, torch.zeros(batch_size, prompt, dtype=torch.long, device="meta"),
                                      None, target, plan.autocast, static)
         prefill = instant(live, storage_bytes(_cache_tensors(cache)))

@@ -1,0 +1,252 @@
+"""Predicted step time of a training method on a GPU profkit has not seen run it.
+
+The work comes from the same meta-device model the memory estimate builds (``model.build.meta_model``, the
+target's attention kernels and autocast, ``predict.estimate.TargetDevice``): one forward and one backward run
+on meta tensors under a dispatch mode that records every op with its input shapes, each op's FLOPs and bytes
+from the formulas the trace analysis uses (``core.work``), so what is predicted and what is measured are counted
+alike. What the meta pass does not run is added from what the framework does:
+
+- gradient checkpointing: each checkpointed decoder layer's forward runs again in backward;
+- NF4: bitsandbytes dequantizes each 4-bit weight before its forward GEMM and again before the GEMM of its
+  input gradient (and in a recomputed forward): the packed weight read, the 16-bit weight written;
+- the optimizer step: AdamW reads a parameter, its gradient and two moments and writes three (fp32);
+- ZeRO and FSDP: the collectives' bytes over the GPU link, ring algorithms ((N-1)/N of the data each way).
+
+Each op's time is a latency plus the larger of its compute and memory times at the efficiency measured on real
+GPU traces (``data/step_time/calibration.json``, fitted by ``analyses/fit_step_time.py``); a step is at least
+the host's time to launch its ops (eager PyTorch launches them one at a time). Communication is added, not
+overlapped: an upper bound where the framework overlaps it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from profkit.core import work as work_of
+from profkit.core.bundled import bundled
+from profkit.core.gpus import Gpu
+from profkit.core.methods import Method
+from profkit.core.quiet import library_output
+from profkit.model.build import decoder_layers, meta_model, model_config
+from profkit.predict.estimate import EstimateError, contiguous_batches, TargetDevice
+
+CALIBRATION = bundled("step_time") / "calibration.json"
+# torch dtypes as torch.profiler writes them ("Input type"), so core.work reads both alike.
+_TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half",
+               torch.bfloat16: "c10::BFloat16", torch.int64: "long int", torch.int32: "int", torch.int8: "signed char",
+               torch.uint8: "unsigned char", torch.bool: "bool"}
+ADAMW_BYTES_PER_ELEMENT = 7 * 4  # fp32: parameter, gradient, two moments read; parameter, two moments written
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per GPU vendor (its libraries: cuBLAS or rocBLAS, its attention kernels) and kind of work: the share of the
+    roof reached (gemm, attention: compute; memory, dequantize: bandwidth) and a latency per op; the host's time
+    per launched op (eager PyTorch with transformers)."""
+
+    efficiency: dict[str, dict[str, float]]  # vendor -> kind -> share of the roof
+    latency_s: dict[str, float]
+    host_per_op_s: float
+    source: str
+
+    @staticmethod
+    def load() -> "Calibration":
+        data = json.loads(CALIBRATION.read_text())
+        return Calibration(data["efficiency"], data["latency_s"], data["host_per_op_s"], data["fitted_on"])
+
+    def share(self, gpu: Gpu, kind: str) -> float:
+        mine = self.efficiency.get(gpu.vendor) or next(iter(self.efficiency.values()))
+        return mine.get(kind, mine["memory" if kind == "dequantize" else "gemm"])
+
+
+@dataclass
+class StepTime:
+    method: str
+    gpu: str
+    seconds: float
+    tokens_per_s: float
+    by_category: dict[str, float]  # seconds per step: gemm, attention, elementwise, quantization, recompute, ...
+    flop: float
+    model_flop: float
+    bound: str  # "device" or "host": which side the step waits on
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"predicted": True, "gpu": self.gpu, "step_time_s": self.seconds, "tokens_per_s": self.tokens_per_s,
+                "seconds_by_category": self.by_category, "flop_per_step": self.flop,
+                "model_flop_per_step": self.model_flop, "bound": self.bound, "notes": self.notes}
+
+
+def _describe(func, args, kwargs) -> tuple[str, list, list, list]:
+    """An op call as torch.profiler records it: the schema's name and its inputs' dims, types, values."""
+    schema = func._schema
+    values = list(args) + [kwargs.get(a.name) for a in schema.arguments[len(args):]]
+    dims, types, concrete = [], [], []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            dims.append(list(v.shape))
+            types.append(_TYPE_NAMES.get(v.dtype, str(v.dtype)))
+            concrete.append("")
+        else:
+            dims.append([])
+            types.append("Scalar" if isinstance(v, (int, float, bool)) else "")
+            concrete.append(str(v) if isinstance(v, (int, float, bool)) else "")
+    return schema.name, dims, types, concrete
+
+
+class _Recorder(TorchDispatchMode):
+    """Every op the meta pass dispatches, with its work, the phase and whether it ran in a decoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.phase, self.in_layer = "forward", False
+        self.ops: list[tuple[str, bool, str, work_of.Work]] = []
+        self._cache: dict[tuple, work_of.Work] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name, dims, types_, concrete = _describe(func, args, kwargs)
+        key = (name, repr(dims), tuple(types_), tuple(concrete))
+        w = self._cache.get(key)
+        if w is None:
+            w = self._cache[key] = work_of.work(name, dims, types_, concrete)
+        if w.kind:
+            self.ops.append((self.phase, self.in_layer, name, w))
+        return func(*args, **kwargs)
+
+
+def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataFrame:
+    """One training step's ops on the meta device for a CUDA target: phase (forward, backward, recompute,
+    optimizer), kind, flops, model_flops, bytes, precision; one row per op call."""
+    if method.kind != "train":
+        raise EstimateError(f"{method.name}: step time is predicted for training methods")
+    with library_output():
+        model, quantized, plan = meta_model(method, config, "cuda", torch.bfloat16)
+    layers = decoder_layers(model)
+    rec = _Recorder()
+    nf4_calls: list[tuple[bool, int, int]] = []  # (in a layer, weight elements, packed bytes)
+    quantized_ids = {id(p) for n, p in model.named_parameters() if n in quantized}
+
+    def enter(module, args):
+        rec.in_layer = True
+
+    def leave(module, args, output):
+        rec.in_layer = False
+
+    def nf4(module, args):
+        if id(getattr(module, "weight", None)) in quantized_ids:
+            n = module.weight.numel()
+            nf4_calls.append((rec.in_layer, n, n // 2 + 4 * math.ceil(n / 64)))
+
+    handles = [h for m in layers for h in (m.register_forward_pre_hook(enter), m.register_forward_hook(leave))]
+    handles += [m.register_forward_pre_hook(nf4) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+    try:
+        with library_output(), contiguous_batches(), TargetDevice("cuda", torch.bfloat16), rec:
+            out = model(input_ids=batch, labels=batch)
+            rec.phase = "backward"
+            out.loss.backward()
+    except (RuntimeError, NotImplementedError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EstimateError(f"{method.name}: the meta-device training step that counts the work failed ({first})") \
+            from None
+    finally:
+        for h in handles:
+            h.remove()
+    rows = [dict(phase=phase, in_layer=in_layer, name=name, kind=w.kind, flops=w.flops, model_flops=w.model,
+                 bytes=w.bytes, precision=w.precision) for phase, in_layer, name, w in rec.ops]
+    if method.gradient_checkpointing:
+        rows += [{**r, "phase": "recompute", "model_flops": 0.0} for r in rows
+                 if r["phase"] == "forward" and r["in_layer"]]
+    for in_layer, n, packed in nf4_calls:
+        # Forward, the input gradient's GEMM, and the recomputed forward under checkpointing.
+        passes = ["forward", "backward"] + (["recompute"] if method.gradient_checkpointing and in_layer else [])
+        rows += [dict(phase=p, in_layer=in_layer, name="bitsandbytes::dequantize_4bit", kind="dequantize",
+                      flops=0.0, model_flops=0.0, bytes=float(packed + 2 * n), precision="") for p in passes]
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    rows.append(dict(phase="optimizer", in_layer=False, name="AdamW.step", kind="memory", flops=0.0, model_flops=0.0,
+                     bytes=float(trainable * ADAMW_BYTES_PER_ELEMENT), precision="", tensors=tensors))
+    frame = pd.DataFrame(rows)
+    # What the collectives move: the weights in 16 bits (4-bit ones as stored), the trainable parameters.
+    frame.attrs["weight_bytes"] = sum(p.numel() * 2 if n not in quantized else p.numel() // 2
+                                      for n, p in model.named_parameters())
+    frame.attrs["trainable"] = trainable
+    return frame
+
+
+def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, world_size: int = 1,
+            calibration: Calibration | None = None) -> StepTime:
+    cal = calibration or Calibration.load()
+    ops = step_work(method, config, batch_size, seq_len)
+    notes = []
+    device_s = ops.apply(lambda r: op_seconds(r.kind, r.flops, r.bytes, r.precision, gpu, cal), axis=1)
+    ops = ops.assign(seconds=device_s)
+    # Under ZeRO and FSDP each rank does 1/world_size of the optimizer step (its partition).
+    if method.sharded and world_size > 1:
+        ops.loc[ops.phase == "optimizer", "seconds"] /= world_size
+    category = ops.apply(_category, axis=1)
+    by_category = ops.groupby(category).seconds.sum().to_dict()
+    comm = communication_seconds(method, ops, gpu, world_size)
+    if comm:
+        by_category["communication"] = comm
+    device = sum(by_category.values())
+    launched = len(ops[ops.phase != "optimizer"]) + int(ops.get("tensors", pd.Series(dtype=float)).fillna(0).sum())
+    host = launched * cal.host_per_op_s
+    seconds = max(device, host)
+    if host > device:
+        by_category["host_overhead"] = host - device
+        notes.append(f"the host's launches ({launched:,} ops x {cal.host_per_op_s * 1e6:.0f} µs) take longer than "
+                     "the GPU's work: the step waits on the host")
+    if method.zero_stage == 3 or method.fsdp:
+        notes.append("parameter gathers and gradient reduce-scatters added to the step, not overlapped with compute "
+                     "(an upper bound where the framework overlaps them)")
+    tokens = batch_size * seq_len
+    return StepTime(method.name, gpu.key, seconds, tokens / seconds, by_category, float(ops.flops.sum()),
+                    float(ops.model_flops.sum()), "host" if host > device else "device", notes)
+
+
+def predict_run(method: Method, settings, gpu: Gpu, world_size: int = 1) -> StepTime:
+    """The prediction for what ``RunSettings`` describe (preset or local model, batch and length)."""
+    settings = replace(settings, method=method.name).resolved()  # the method decides the default batch
+    return predict(method, model_config(settings), settings.batch_size, settings.seq_len, gpu, world_size)
+
+
+def op_seconds(kind: str, flops: float, nbytes: float, precision: str, gpu: Gpu, cal: Calibration) -> float:
+    """Latency plus the larger of the compute time (at the kind's efficiency against the precision's peak) and
+    the memory time (at the memory efficiency against the bandwidth)."""
+    peak = gpu.peak_flop_per_s(precision) if precision else None
+    compute = flops / (cal.share(gpu, kind) * peak) if flops and peak else 0.0
+    memory = nbytes / (cal.share(gpu, "memory") * gpu.bytes_per_s) if nbytes else 0.0
+    return cal.latency_s.get(kind, cal.latency_s["memory"]) + max(compute, memory)
+
+
+def _category(r) -> str:
+    if r.phase == "optimizer":
+        return "optimizer"
+    if r.phase == "recompute":
+        return "recompute"
+    return {"gemm": "gemm", "attention": "attention", "dequantize": "quantization"}.get(r.kind, "elementwise")
+
+
+def communication_seconds(method: Method, ops: pd.DataFrame, gpu: Gpu, world_size: int) -> float:
+    """Ring collectives over the GPU link: ZeRO-2 reduce-scatters the gradients and all-gathers the updated
+    parameters; ZeRO-3 and FSDP all-gather the parameters for forward and again for backward and
+    reduce-scatter the gradients. Each moves (N-1)/N of the data per rank."""
+    if world_size <= 1 or not method.sharded:
+        return 0.0
+    link = gpu.link_bytes_per_s or gpu.host_bytes_per_s
+    if not link:
+        return 0.0
+    grads = ops.attrs["trainable"] * 2  # 16-bit gradients
+    if method.zero_stage == 2:
+        moved = grads + ops.attrs["trainable"] * 2
+    else:
+        moved = 2 * ops.attrs["weight_bytes"] + grads
+    return moved * (world_size - 1) / world_size / link

@@ -1,0 +1,100 @@
+"""Predicted step time (predict/step_time.py): the work of a meta-device step is what each method must do, the
+prediction moves the way the methods and GPUs differ, and the calibration is what its script derives from the
+real traces."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoConfig
+
+from profkit.core import gpus
+from profkit.core.methods import METHODS
+from profkit.core.presets import get_preset
+from profkit.predict.step_time import CALIBRATION, predict, step_work
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = AutoConfig.for_model(**get_preset("micro").config)
+
+
+@pytest.fixture(scope="module")
+def work():
+    return {m: step_work(METHODS[m], CONFIG, 2, 64) for m in ("full", "lora", "lora_gc", "qlora", "qlora_gc")}
+
+
+def _flops(ops, phase, kind=None):
+    sel = ops[(ops.phase == phase) & ((ops.kind == kind) if kind else True)]
+    return sel.flops.sum()
+
+
+def test_full_fine_tuning_computes_both_gradients_of_every_weight(work):
+    """Backward GEMMs: the input's gradient and the weight's, each as much as the forward GEMM."""
+    ops = work["full"]
+    assert _flops(ops, "backward", "gemm") == pytest.approx(2 * _flops(ops, "forward", "gemm"), rel=0.02)
+
+
+def test_lora_skips_the_frozen_weights_gradient(work):
+    ops = work["lora"]
+    assert _flops(ops, "backward", "gemm") < 1.3 * _flops(ops, "forward", "gemm")
+    assert _flops(ops, "forward", "gemm") == pytest.approx(_flops(work["full"], "forward", "gemm"), rel=0.1)
+
+
+def test_checkpointing_recomputes_the_layers_forward(work):
+    lora, gc = work["lora"], work["lora_gc"]
+    assert _flops(lora, "recompute") == 0
+    in_layers = lora[(lora.phase == "forward") & lora.in_layer].flops.sum()
+    assert _flops(gc, "recompute") == pytest.approx(in_layers) and in_layers > 0
+    assert gc[gc.phase == "recompute"].model_flops.sum() == 0
+
+
+def test_nf4_dequantizes_each_weight_per_use(work):
+    """Forward and the input gradient's GEMM; a third time in a recomputed layer."""
+    q, qgc = work["qlora"], work["qlora_gc"]
+    dq = q[q.kind == "dequantize"]
+    assert len(dq) and set(dq.phase) == {"forward", "backward"}
+    assert (dq.phase == "forward").sum() == (dq.phase == "backward").sum()
+    assert (qgc.kind == "dequantize").sum() > len(dq)
+    assert not (work["lora"].kind == "dequantize").any()
+
+
+def test_predictions_move_as_methods_and_gpus_differ():
+    big = AutoConfig.for_model(**get_preset("llama-3.2-3b").config)
+    h100, rtx = gpus.find("H100-SXM"), gpus.find("RTX-3090")
+    full = predict(METHODS["full"], big, 4, 512, h100)
+    assert predict(METHODS["full"], big, 4, 512, rtx).seconds > 1.5 * full.seconds
+    assert predict(METHODS["full_gc"], big, 4, 512, h100).seconds > full.seconds
+    assert full.model_flop > predict(METHODS["lora"], big, 4, 512, h100).model_flop
+    sharded = predict(METHODS["full_zero3"], big, 4, 512, h100, world_size=4)
+    assert sharded.by_category["communication"] > 0 and "communication" not in full.by_category
+    assert full.tokens_per_s == pytest.approx(4 * 512 / full.seconds)
+
+
+def test_the_calibration_is_what_its_script_derives():
+    sys.path.insert(0, str(ROOT / "analyses"))
+    import fit_step_time
+
+    ops = [fit_step_time.ops_of(name)[0] for name in fit_step_time.FIT]
+    import pandas as pd
+
+    efficiency, latency = fit_step_time.fit(pd.concat(ops, ignore_index=True))
+    saved = json.loads(CALIBRATION.read_text())
+    assert saved["efficiency"] == efficiency and saved["latency_s"] == pytest.approx(latency)
+    assert not set(saved["held_out"]) & {n.removesuffix(".json.gz") for n in fit_step_time.FIT}
+
+
+def test_estimate_gpu_on_the_command_line():
+    result = run_cli("estimate", "lora", "qlora_gc", "--preset", "micro", "--gpu", "h100-sxm", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    out = {e["method"]: e for e in json.loads(result.stdout)}
+    for m in ("lora", "qlora_gc"):
+        st = out[m]["step_time"]
+        assert st["predicted"] is True and st["gpu"] == "H100-SXM" and st["step_time_s"] > 0
+        assert st["tokens_per_s"] > 0 and st["seconds_by_category"]
+    table = run_cli("estimate", "lora", "--preset", "micro", "--gpu", "A100-SXM4-80GB", env={"COLUMNS": "80"})
+    assert table.returncode == 0 and "Predicted step time on A100-SXM4-80GB (not measured)" in table.stdout
+    bad = run_cli("estimate", "lora", "--preset", "micro", "--gpu", "Voodoo 3")
+    assert bad.returncode == 2 and "valid GPUs: " in bad.stderr and "H100-SXM" in bad.stderr
