@@ -34,7 +34,7 @@ FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps"
 RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny",
                       "fsdp_ranks"}
 RECORDS = re.compile(r'run_cli\(|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
-                     r'"install"|runner\.record|subprocess\.(run|Popen)\(')
+                     r'"install"|runner\.record|subprocess\.(run|Popen)\(|torchrun\(')
 
 
 def pytest_collection_modifyitems(items) -> None:
@@ -109,6 +109,15 @@ def terminal_session() -> None:
 def run_cli(*args: str, env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "profkit", *args], capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+
+
+def torchrun(script: str, cwd: Path, nproc: int = 2) -> None:
+    """A user's training script run as they would run it: under torchrun, ``nproc`` ranks, in ``cwd``."""
+    path = cwd / "train.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                           str(path)], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def recorded(result: subprocess.CompletedProcess, out: Path) -> str:

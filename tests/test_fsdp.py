@@ -5,8 +5,6 @@ settings and the refusals; FSDP beside ZeRO-3."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ from profkit.launch.workload import build
 from profkit.model.build import plan
 from profkit.predict.estimate import estimate_run
 from profkit.report import findings
-from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS
+from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS, torchrun
 
 STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
 
@@ -163,11 +161,7 @@ with profkit.Session("traces/my_fsdp", model=model, optimizer=optimizer, warmup_
 
 
 def test_a_users_fsdp2_script_under_torchrun(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(USER_SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    torchrun(USER_SCRIPT, tmp_path)
     bd = breakdown([tmp_path / "traces" / "my_fsdp"])
     assert set(bd.runs.status) == {"ok"} and list(bd.runs["rank"]) == [0, 1]
     for k in range(2):

@@ -20,7 +20,7 @@ import pytest
 from profkit import store
 from profkit.analyze import breakdown, ranks
 from profkit.report import findings
-from tests.conftest import FAST, recorded, run_cli, terminal_session
+from tests.conftest import FAST, recorded, run_cli, terminal_session, torchrun
 
 NPROC = ["--nproc", "2"]
 # With the rank fixture's lora_zero3 and qlora_zero2 on micro, every LoRA and QLoRA ZeRO method is held at two ranks.
@@ -282,11 +282,7 @@ with profkit.Session("traces/my_ranks", model=engine, optimizer=optimizer, warmu
 
 
 def test_a_users_script_under_torchrun_records_every_rank_into_one_run(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(USER_SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                           str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    torchrun(USER_SCRIPT, tmp_path)
     run = tmp_path / "traces" / "my_ranks"
     top = json.loads((run / store.MANIFEST).read_text())
     assert top["status"] == "ok" and top["world_size"] == 2 and top["engine"] == "session"

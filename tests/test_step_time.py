@@ -98,3 +98,13 @@ def test_estimate_gpu_on_the_command_line():
     assert table.returncode == 0 and "Predicted step time on A100-SXM4-80GB (not measured)" in table.stdout
     bad = run_cli("estimate", "lora", "--preset", "micro", "--gpu", "Voodoo 3")
     assert bad.returncode == 2 and "valid GPUs: " in bad.stderr and "H100-SXM" in bad.stderr
+
+
+def test_recommend_ranks_by_the_predicted_step_time_and_says_so():
+    result = run_cli("recommend", "--budget", "1GiB", "--preset", "micro", "--gpu", "H100-SXM", env={"COLUMNS": "100"})
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("│") for line in result.stdout.splitlines() if line.startswith("│") and "predicted" in line]
+    assert len(rows) >= 10
+    times = [float(r[4].strip().removesuffix(" ms")) for r in rows if r[4].strip().endswith(" ms")]
+    assert times == sorted(times) and len(times) == len(rows)
+    assert "step time predicted from the step's work" in result.stdout and "not measured" in result.stdout

@@ -13,7 +13,8 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
 from profkit.cli.common import fail_usage
-from profkit.cli.estimate_cmd import run_estimates, workload_settings
+from profkit.cli.estimate_cmd import run_estimates, run_step_times, workload_settings
+from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
 from profkit.core.settings import RunSettings
@@ -29,21 +30,33 @@ def recommend(
     path: Optional[Path] = typer.Argument(None, help="Recorded runs (traces/): rank by measured peak and step time."),
     budget: str = typer.Option(..., help="Memory budget, e.g. 8GiB, 7.5GB, 512MiB."),
     device: str = typer.Option("cuda", help="Without runs: the target, cuda or cpu."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help=f"Rank methods without a run by their step time predicted "
+                                                         f"on this GPU: {', '.join(gpus.GPUS)}."),
     run_settings: dict = None,
 ) -> None:
     """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
-    otherwise by the estimate. Methods without a run are estimated with the runs' own model and sizes."""
+    otherwise by the estimate (with --gpu, by the step time predicted on that GPU). Methods without a run are
+    estimated with the runs' own model and sizes."""
     try:
         budget_bytes = parse_bytes(budget)
     except ValueError as exc:
         fail_usage(f"--budget: {exc}")
+    target_gpu = None
+    if gpu is not None:
+        try:
+            target_gpu = gpus.find(gpu)
+        except gpus.UnknownGpu as exc:
+            fail_usage(str(exc))
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
     settings, target = (_settings_of_runs(path) if not measured.empty
                         else (workload_settings(run_settings).resolved(), device))
     missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
-    estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [])
+    if target_gpu is not None and target != "cuda":
+        fail_usage("--gpu predicts CUDA steps; the runs (or --device) are on the CPU")
+    times = run_step_times(missing, settings, target_gpu, 1) if target_gpu is not None and missing else {}
+    estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [], times)
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
-    _print(ranked, budget_bytes, settings, target)
+    _print(ranked, budget_bytes, settings, target, target_gpu.key if target_gpu else None)
     if not ranked.fits.any():
         raise typer.Exit(Exit.FAILED)
 
@@ -72,11 +85,12 @@ def _settings_of_runs(path: Path) -> tuple[RunSettings, str]:
     fail_usage(f"{path}: no completed run to take the model and sizes from")
 
 
-def _print(ranked, budget_bytes: int, settings: RunSettings, target: str) -> None:
+def _print(ranked, budget_bytes: int, settings: RunSettings, target: str, gpu: str | None) -> None:
     out = Console()
     fits = ranked[ranked.fits]
     table = Table(title=f"Training methods within {human_bytes(budget_bytes)}: "
-                        f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, {target}")
+                        f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, "
+                        f"{gpu or target}")
     for col in ("rank", "method", "peak memory", "step time", "tokens/s", "source"):
         table.add_column(col, justify="right" if col not in ("method", "source") else "left",
                          no_wrap=col == "method")
@@ -84,7 +98,7 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str) -> Non
     for i, r in enumerate(shown.itertuples(), 1):
         table.add_row(str(i) if r.fits else "-", r.method, human_bytes(r.peak_bytes), human_seconds(r.step_time_s),
                       f"{r.tokens_per_s:,.0f}" if r.tokens_per_s == r.tokens_per_s and r.tokens_per_s is not None else "-",
-                      "measured" if r.source == "measured" else
+                      "measured" if r.source == "measured" else "predicted" if r.source == "predicted" else
                       "estimated: " + (", ".join(c.replace("_", " ") for c in r.time_costs) or "no time cost"))
     if fits.empty:
         out.print(f"[red]Nothing fits {human_bytes(budget_bytes)}.[/] The closest:", highlight=False)
@@ -97,5 +111,9 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str) -> Non
                   "ZeRO-Offload, ZeRO-3's gathers, 4-bit dequantization and checkpointing's recompute before "
                   "ZeRO-2's bookkeeping and 8-bit optimizer state), which is not a measurement; record them to "
                   "rank by speed[/]", highlight=False)
+    if (shown.source == "predicted").any():
+        out.print(f"[dim]predicted on {gpu}: peak from `profkit estimate`, step time predicted from the step's work "
+                  "at efficiencies measured on real GPU traces (`profkit estimate --gpu`); not measured[/]",
+                  highlight=False)
     if (shown.source == "measured").any():
         out.print("[dim]measured: peak from `profkit breakdown`, clean step time from the recording[/]", highlight=False)

@@ -1,7 +1,8 @@
 """Which methods fit a memory budget, fastest first.
 
 Candidates come from recorded runs (measured peak and clean step time) and, for methods without a run,
-from the estimator (predicted peak, no step time). Pure pandas; the command decides where they come from.
+from the estimator (predicted peak) with, on a named GPU, the predicted step time. Pure pandas; the command
+decides where they come from.
 """
 
 from __future__ import annotations
@@ -47,25 +48,28 @@ def time_costs(settings: dict) -> list[str]:
     return found
 
 
-def from_estimates(estimates) -> pd.DataFrame:
+def from_estimates(estimates, times: dict | None = None) -> pd.DataFrame:
     """Estimated peaks: reserved bytes on CUDA (what a measured CUDA run's peak is, and what runs out), allocated on
-    CPU."""
-    return pd.DataFrame([{"method": e.method, "source": "estimated",
+    CPU; ``times``: method -> its predicted StepTime on a GPU (source "predicted")."""
+    times = times or {}
+    return pd.DataFrame([{"method": e.method, "source": "predicted" if e.method in times else "estimated",
                           "peak_bytes": e.reserved()["bytes"] if e.reserved() else e.peak_bytes,
-                          "step_time_s": None, "tokens_per_s": None,
+                          "step_time_s": times[e.method].seconds if e.method in times else None,
+                          "tokens_per_s": times[e.method].tokens_per_s if e.method in times else None,
                           "time_costs": time_costs(e.settings.get("method", {}))} for e in estimates],
                         columns=COLUMNS[:-1])
 
 
 def rank(candidates: pd.DataFrame, budget_bytes: int) -> pd.DataFrame:
-    """Every candidate with ``fits``; those that fit first: measured ones by step time, then estimated ones by
-    what their memory-saving measures are known to cost in time (``TIME_COSTS``: fewer and lighter first; the
-    larger peak breaks ties) -- an order from knowledge, not a measurement. Those that do not fit follow,
-    closest to the budget first."""
+    """Every candidate with ``fits``; those that fit first: measured ones by step time, then predicted ones by
+    their predicted step time, then estimated ones (no GPU named) by what their memory-saving measures are known
+    to cost in time (``TIME_COSTS``: fewer and lighter first; the larger peak breaks ties) -- an order from
+    knowledge, not a measurement. Those that do not fit follow, closest to the budget first."""
     cost = candidates.time_costs.map(lambda found: (len(found), sum(TIME_COSTS[m] for m in found)))
-    c = candidates.assign(fits=candidates.peak_bytes <= budget_bytes, _measured=candidates.source == "measured",
+    order = {"measured": 0, "predicted": 1, "estimated": 2}
+    c = candidates.assign(fits=candidates.peak_bytes <= budget_bytes, _source=candidates.source.map(order),
                           _n=cost.map(lambda x: x[0]), _weight=cost.map(lambda x: x[1]))
-    fit = c[c.fits].sort_values(["_measured", "step_time_s", "_n", "_weight", "peak_bytes"],
-                                ascending=[False, True, True, True, False])
+    fit = c[c.fits].sort_values(["_source", "step_time_s", "_n", "_weight", "peak_bytes"],
+                                ascending=[True, True, True, True, False])
     rest = c[~c.fits].sort_values("peak_bytes")
     return pd.concat([fit, rest], ignore_index=True)[COLUMNS]
