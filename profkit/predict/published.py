@@ -21,7 +21,7 @@ from profkit.predict.estimate import EstimateError, estimate
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
 
 
-def _config(entry: dict):
+def config_of(entry: dict):
     """The transformers configuration of a models.json entry."""
     spec = dict(entry["config"])
     return AutoConfig.for_model(spec.pop("model_type"), **spec)
@@ -33,7 +33,7 @@ def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
     configs = json.loads((models or table.with_name("models.json")).read_text())
     rows = []
     for _, r in pd.read_csv(table, dtype={"quant_type": str}, keep_default_na=False).iterrows():
-        config = _config(configs[r.model])
+        config = config_of(configs[r.model])
         settings: dict = {}
         if r.kind == "train":
             settings = {"lora_rank": int(r.lora_r), "lora_alpha": int(r.lora_alpha),
@@ -224,7 +224,7 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                "measured_bytes": measured, "estimated_bytes": None, "error": None, "reason": figure.reason,
                "assumed": "; ".join(figure.assumed), "static_bytes": None, "notes": ""}
         if figure.method is not None:
-            config = _config(configs[figure.model])
+            config = config_of(configs[figure.model])
             try:
                 e = estimate(figure.method, config, figure.batch_size, figure.seq_len, figure.world_size, "cuda",
                              figure.model, new_tokens=figure.new_tokens)

@@ -1,0 +1,177 @@
+"""Published measured training throughputs (``tests/data/published/throughput.csv``) beside the predicted step
+time for the same settings: tokens per second per GPU, or the reason a figure is not predicted.
+
+A figure is predicted only where every setting the prediction needs is stated (model, GPU, method, checkpointing,
+sharding, precision, batch and sequence, and for a step time what a step holds); a setting not stated is never
+guessed. Whole-run times need the run's token count, which the sources do not state, so they are not predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from profkit.core import gpus
+from profkit.core.methods import METHODS, OverrideError, with_overrides
+from profkit.predict.estimate import EstimateError
+from profkit.predict.published import config_of
+from profkit.predict.step_time import predict
+
+SHARDING = {"none": "", "fsdp": "_fsdp", "zero2": "_zero2", "zero3": "_zero3"}
+NUMBER = re.compile(r"^\s*(\d+)\b")
+
+
+class NotPredicted(Exception):
+    pass
+
+
+def _number(text: str, what: str) -> int:
+    m = NUMBER.match(text or "")
+    if not m:
+        raise NotPredicted(f"{what} not stated")
+    return int(m.group(1))
+
+
+def _squeeze(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _model(text: str, configs: dict) -> tuple[str, dict]:
+    """The models.json entry one of whose names the figure's model names (punctuation aside), the longest name
+    first (Llama-2-70b before Llama-2-7b)."""
+    wanted = _squeeze(text.split(" (")[0])
+    names = sorted(((_squeeze(n), key) for key, entry in configs.items() for n in [key, *entry.get("names", [])]),
+                   key=lambda x: -len(x[0]))
+    for name, key in names:
+        if name and name in wanted:
+            entry = configs[key]
+            if "config" not in entry:
+                raise NotPredicted(f"{key}: {entry.get('unsupported', 'no configuration')}")
+            return key, entry
+    raise NotPredicted(f"no configuration for {text.split(' (')[0]}")
+
+
+def _gpu(text: str) -> gpus.Gpu:
+    if "not stated" in text or text.strip() in ("", "unstated") or re.fullmatch(r"NVIDIA (A100|H100)", text.strip()):
+        raise NotPredicted(f"GPU variant not stated ({text})")
+    plain = re.sub(r"\s*\(.*", "", text).strip()
+    plain = plain + "B" if plain.endswith("80G") else plain
+    for candidate in (plain, plain.removeprefix("NVIDIA ").removeprefix("Tesla ")):
+        try:
+            return gpus.find(candidate)
+        except gpus.UnknownGpu:
+            continue
+    squeezed = _squeeze(plain)
+    matches = [g for g in gpus.GPUS.values()
+               if any(_squeeze(n) in squeezed or squeezed in _squeeze(n) for n in g.names)]
+    if len(matches) > 1:  # the words in brackets may say which ("DGX-H100, 80GB SXM")
+        said = _squeeze(text)
+        form = [g for g in matches if _squeeze(g.key.split("-", 1)[-1]) in said]
+        matches = form if len(form) == 1 else matches
+    if not matches:  # the key's words, all in the text ("H100 80GB SXM": H100-SXM)
+        said = _squeeze(text)
+        matches = [g for g in gpus.GPUS.values() if all(_squeeze(w) in said for w in g.key.split("-"))]
+    if len(matches) == 1:
+        return matches[0]
+    raise NotPredicted(f"{text}: not in profkit's GPU table" if not matches else f"{text}: which of "
+                       f"{', '.join(g.key for g in matches)} is not stated")
+
+
+def _method(r):
+    if r.method not in ("full", "lora", "qlora"):
+        raise NotPredicted(f"method {r.method} not modelled")
+    if "GPTQ" in r.notes or "Int4" in r.model:
+        raise NotPredicted("a GPTQ int4 base, not NF4")
+    if r.gc not in ("yes", "no"):
+        raise NotPredicted("gradient checkpointing not stated")
+    n = _number(r.n_gpus, "GPU count")
+    sharding = r.sharding if r.sharding != "unstated" or n > 1 else "none"
+    if sharding == "ddp":
+        raise NotPredicted("data parallelism (DDP) is not modelled in the step time")
+    if sharding not in SHARDING:
+        raise NotPredicted(f"sharding {r.sharding}")
+    if n > 1 and sharding == "none":
+        raise NotPredicted(f"{n} GPUs without sharding stated")
+    if r.offload not in ("none", "unstated") or (r.offload == "unstated" and sharding in ("zero2", "zero3")):
+        raise NotPredicted(f"offload {r.offload}: not modelled in the step time")
+    if r.precision in ("fp32", "unstated"):
+        raise NotPredicted(f"precision {r.precision}: the prediction is for 16-bit training")
+    name = r.method + SHARDING[sharding] + ("_gc" if r.gc == "yes" else "")
+    if name not in METHODS:
+        raise NotPredicted(f"{name}: no such method in profkit")
+    method = METHODS[name]
+    if r.method != "full":
+        rank = _number(r.lora_rank, "LoRA rank")
+        targets = r.lora_targets.strip()
+        if targets.lower() in ("", "unstated", "n/a"):
+            raise NotPredicted("LoRA targets not stated")
+        overrides = {"lora_rank": rank}
+        if targets.lower() in ("all-linear", "all linear", "all"):
+            overrides["lora_targets"] = "all-linear"
+        elif re.fullmatch(r"[a-z_]+(,\s*[a-z_]+)*", targets):
+            overrides["lora_targets"] = targets.replace(" ", "")
+        else:
+            raise NotPredicted(f"LoRA targets {targets or 'unstated'}")
+        try:
+            method = with_overrides(method, **overrides)
+        except OverrideError as exc:
+            raise NotPredicted(str(exc)) from None
+    return method, n
+
+
+def measured_tokens_per_gpu(r, batch: int, seq: int, n: int) -> float:
+    """The figure as tokens per second per GPU, or NotPredicted where what it counts is not stated."""
+    value, unit, counted = float(r.measured), r.unit, r.what_counted.lower()
+    if unit == "tokens/s/gpu":
+        return value
+    if unit == "tokens/s":
+        if n == 1 or "aggregate" in counted or "total" in counted:
+            return value / n
+        if "per gpu" in counted or "per device" in counted:
+            return value
+        raise NotPredicted("tokens/s per GPU or for the job: not stated")
+    if unit in ("s/step", "min per 1000 iterations"):
+        seconds = value if unit == "s/step" else value * 60 / 1000
+        micro = "micro" in counted or unit == "min per 1000 iterations"
+        accumulation = 1 if micro else _number(r.grad_accum, "gradient accumulation")
+        return batch * seq * accumulation / seconds
+    if unit == "samples/s":
+        if r.packing != "yes":
+            raise NotPredicted("samples/s without packing: the tokens per sample are not stated")
+        return value * seq / n
+    raise NotPredicted(f"{unit}: a whole run's time needs its token count, which is not stated")
+
+
+def compare_throughput(table: Path, models: Path | None = None, split: str | None = None) -> pd.DataFrame:
+    configs = json.loads((models or table.with_name("models.json")).read_text())
+    rows, cache = [], {}
+    for _, r in pd.read_csv(table, dtype=str, keep_default_na=False).iterrows():
+        if split and r.split != split:
+            continue
+        row = {"split": r.split, "source": r.source, "model": r.model, "gpu": r.gpu, "n_gpus": r.n_gpus,
+               "method": r.method, "unit": r.unit, "measured": r.measured}
+        try:
+            key, entry = _model(r.model, configs)
+            gpu = _gpu(r.gpu)
+            method, n = _method(r)
+            batch, seq = _number(r.batch_per_device, "batch"), _number(r.seq_len, "sequence length")
+            measured = measured_tokens_per_gpu(r, batch, seq, n)
+            if not gpu.tflops.get("bf16") and not gpu.tflops.get("fp16"):
+                raise NotPredicted(f"{gpu.key}: no 16-bit peak in profkit's GPU table")
+            k = (key, method, batch, seq, gpu.key, n)
+            if k not in cache:
+                cache[k] = predict(method, config_of(entry), batch, seq, gpu, n)
+            st = cache[k]
+            predicted = batch * seq / st.seconds
+            row.update(profkit_method=method.label, batch=batch, seq_len=seq, gpu_key=gpu.key,
+                       measured_tokens_per_gpu_s=measured, predicted_tokens_per_gpu_s=predicted,
+                       error=predicted / measured - 1, bound=st.bound, reason="")
+        except NotPredicted as exc:
+            row["reason"] = str(exc)
+        except EstimateError as exc:
+            row["reason"] = f"the prediction refused: {exc}"
+        rows.append(row)
+    return pd.DataFrame(rows)
