@@ -47,7 +47,7 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "other_threads_op_s", "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
                "repetition_of", "repetition", "ttft_median_s", "tpot_median_s", "tpot_p90_s", "kv_cache_bytes",
                "kv_cache_tokens", "device_name", "gpu", "model_flop_per_step", "hardware_flop_per_step",
-               "flop_precision", "mfu", "hfu"]
+               "flop_precision", "mfu", "hfu", "uncounted_time_fraction"]
 
 
 @dataclass(frozen=True)
@@ -450,7 +450,8 @@ def _efficiency(trace, t, record, row: dict, c: _Collected, notes: list[str], ru
     c.add("efficiency", e.rows.assign(resource=e.resource), run, method)
     step = row.get("clean_step_time_s") or (t.gpu_window_s if e.resource == "gpu" else t.step_time_s)
     row.update(model_flop_per_step=e.model_flop, hardware_flop_per_step=e.hardware_flop,
-               flop_precision=e.precision or None, **utilisation(e, step, gpu))
+               flop_precision=e.precision or None, uncounted_time_fraction=e.uncounted_fraction,
+               **utilisation(e, step, gpu))
     notes += e.notes
 
 

@@ -50,6 +50,7 @@ class EfficiencyResult:
     # One row per counted op call: category, kind, flops, bytes, precision, seconds (its kernels', or its own on
     # a CPU), kernels; what a step-time model is fitted on (analyses/fit_step_time.py)
     ops: pd.DataFrame = field(default_factory=pd.DataFrame)
+    uncounted_fraction: float = 0.0  # of the time (kernel or op) whose work is not counted
 
 
 def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> EfficiencyResult | None:
@@ -95,6 +96,7 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
     seconds: dict[tuple[str, str], float] = defaultdict(float)  # (category, work kind) -> µs
     category_of_owner: dict[int, str] = {}
     owner_us: dict[int, float] = defaultdict(float)
+    owner_categories: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     owner_kernels: dict[int, int] = defaultdict(int)
     recompute_owner: set[int] = set()
     if trace.has_gpu:
@@ -119,12 +121,16 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
             w = work(o) if o >= 0 else None
             if w is not None and not (w.flops or w.bytes):
                 w = None  # a formula that could not count these shapes (its note says why)
+            d = float(trace.dur[k])
+            # A kernel's time stays in its own category, as the time breakdown has it; its op's work goes to the
+            # category that holds most of the op's kernel time (an op's kernels rarely straddle two).
             if w is not None and w.kind:
-                category_of_owner.setdefault(o, c)
-                c = category_of_owner[o]  # an op's kernels stay with its work
-                owner_us[o] += float(trace.dur[k])
+                owner_categories[o][c] += d
+                owner_us[o] += d
                 owner_kernels[o] += 1
-            seconds[c, w.kind if w is not None and w.kind else UNCOUNTED] += float(trace.dur[k])
+            seconds[c, w.kind if w is not None and w.kind else UNCOUNTED] += d
+        for o, split in owner_categories.items():
+            category_of_owner[o] = max(split, key=split.get)
     else:
         resource = "cpu"
         owners = np.flatnonzero((owner == np.arange(len(host))) & in_steps(trace.ts[host]))
@@ -181,8 +187,9 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
             partial[w.note] += 1
     notes = [f"{k} op call(s): {note}" for note, k in partial.items()]
     uncounted = sum(r["seconds"] for r in rows if r["work"] == UNCOUNTED)
-    if resource == "gpu" and uncounted > 0.05 * sum(r["seconds"] for r in rows):
-        notes.append(f"{uncounted / sum(r['seconds'] for r in rows):.0%} of the kernel time ran work that is not "
+    uncounted_fraction = uncounted / sum(r["seconds"] for r in rows) if rows else 0.0
+    if resource == "gpu" and uncounted_fraction > 0.05:
+        notes.append(f"{uncounted_fraction:.0%} of the kernel time ran work that is not "
                      "counted (ops without a formula or recorded shapes, kernels compiled by torch.compile, "
                      "kernels launched before the trace began): the FLOPs per step and MFU are lower bounds")
     missing = sum(1 for j, w in works.items() if w is None)
@@ -193,7 +200,8 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
                            for j, c in category_of_owner.items()])
     return EfficiencyResult(pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS), resource, model / n, hardware / n,
                             max(all_precisions, key=all_precisions.get) if all_precisions else "",
-                            sum(1 for w in works.values() if w is not None and w.kind), notes, per_op)
+                            sum(1 for w in works.values() if w is not None and w.kind), notes, per_op,
+                            uncounted_fraction)
 
 
 def _roofline(row: dict, gpu: Gpu) -> None:

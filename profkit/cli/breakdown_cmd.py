@@ -230,15 +230,16 @@ def _print_efficiency(out: Console, bd: Breakdown, label: dict[str, str]) -> Non
     if summary.empty:
         return
     t = Table(title="Work per profiled step (from the recorded shapes)", box=box.SIMPLE_HEAD, padding=(0, 1),
-              caption="MFU: model FLOPs (no recompute) over the clean step and the device's dense peak; HFU "
+              caption="MFU: model FLOPs (no recompute) over the clean step (a trace: its profiled step) and the "
+                      "device's dense peak; HFU "
                       "with recompute; GPU runs on a known GPU only")
     t.add_column("run", overflow="fold")
     t.add_column("device", no_wrap=True)
     for col in ("GFLOP\nper step", "GEMM\nTFLOP/s", "MFU", "HFU"):
         t.add_column(col, justify="right", no_wrap=True, min_width=6)
     for _, r in summary.iterrows():
-        t.add_row(escape(label.get(r.run, r.run)), escape(str(r.device)), _number(r["GFLOP/step"], "{:,.1f}"),
-                  _number(r["GEMM TFLOP/s"], "{:.3g}"), _number(r.MFU, "{:.1%}"), _number(r.HFU, "{:.1%}"))
+        t.add_row(escape(label.get(r.run, r.run)), escape(str(r.device)), _number(r.model_gflop_per_step, "{:,.1f}"),
+                  _number(r.gemm_tflop_per_s, "{:.3g}"), _number(r.mfu, "{:.1%}"), _number(r.hfu, "{:.1%}"))
     out.print(t)
     if len(summary) > DETAILED_EFFICIENCY_RUNS:
         out.print("[dim]each category's rates and roofs: --format json (efficiency)[/]", highlight=False)
@@ -249,14 +250,16 @@ def _print_efficiency(out: Console, bd: Breakdown, label: dict[str, str]) -> Non
                   padding=(0, 1), collapse_padding=True, pad_edge=False, caption="roof: the share reached of the roof that bounds the work (compute or "
                                               "memory bandwidth); uncounted: ops without a formula, shapes or a "
                                               "launch in the trace")
-        for col in detail.columns:
+        headers = {"category": "category", "work": "work", "seconds": "time", "tflop_per_s": "TFLOP/s",
+                   "gbyte_per_s": "GB/s", "flop_per_byte": "FLOP/B", "bound": "bound", "roof_fraction": "roof"}
+        for col, header in headers.items():
             left = col in ("category", "work", "bound")
-            t.add_column(col, justify="left" if left else "right", no_wrap=True,
-                         min_width=max(len(col), detail[col].astype(str).str.len().max() if left else 0))
+            t.add_column(header, justify="left" if left else "right", no_wrap=True,
+                         min_width=max(len(header), detail[col].astype(str).str.len().max() if left else 0))
         for _, r in detail.iterrows():
-            t.add_row(r.category, r.work, _number(r.ms, "{:.3g}"), _number(r["TFLOP/s"], "{:.3g}"),
-                      _number(r["GB/s"], "{:,.0f}"), _number(r["FLOP/B"], "{:.3g}"), r.bound or "-",
-                      _number(r.roof, "{:.0%}"))
+            t.add_row(r.category, r.work, _number(r.seconds * 1e3, "{:.3g} ms"), _number(r.tflop_per_s, "{:.3g}"),
+                      _number(r.gbyte_per_s, "{:,.0f}"), _number(r.flop_per_byte, "{:.3g}"), r.bound or "-",
+                      _number(r.roof_fraction, "{:.0%}"))
         out.print(t)
 
 

@@ -101,7 +101,8 @@ def estimate(
 def run_step_times(methods: list[Method], settings: RunSettings, gpu, world_size: int) -> dict:
     """Method name -> its predicted StepTime on ``gpu`` (training methods); exits 2 with the reason where the
     meta-device step cannot be run."""
-    from profkit.predict.estimate import EstimateError  # heavy: torch and transformers (see run_estimates)
+    # heavy: torch and transformers (see run_estimates)
+    from profkit.predict.estimate import EstimateError
     from profkit.predict.step_time import predict_run
 
     out = {}

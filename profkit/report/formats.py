@@ -94,8 +94,12 @@ def to_records(bd: Breakdown, explained: str | None = None) -> list[dict]:
                 rec["gpu_idle_by_reason"] = {n.removeprefix("idle: "): v for n, v in zip(idle.name, idle.seconds)}
         e = bd.efficiency[bd.efficiency.run == run] if len(bd.efficiency) else []
         if len(e):
-            # Per step: each category's work (FLOPs, bytes) and time, its rates and, on a known GPU, its roof.
+            # Per step: each category's work (FLOPs, bytes) and time, its rates and, on a known GPU, its roof; then
+            # the same in the terminal's units, and the run's summary row.
             rec["efficiency"] = _rows(e.drop(columns=["run", "method"]))
+            rec["work_table"] = _rows(tables.efficiency(bd, run))
+            summary = tables.utilisation(bd)
+            rec["work_summary"] = _rows(summary[summary.run == run].drop(columns="run"))[0]
         peaks = bd.trace_memory_peaks[bd.trace_memory_peaks.run == run] if len(bd.trace_memory_peaks) else []
         if len(peaks):
             rec["trace_memory"] = {

@@ -79,14 +79,15 @@ def format_error(error) -> str:
 
 
 def efficiency(bd: Breakdown, run: str) -> pd.DataFrame:
-    """One run's work per category and kind, in display units: time (ms per step), TFLOP/s, GB/s, FLOP per byte,
-    the bounding roof and the share of it reached."""
+    """One run's work per category and kind, in display units (the terminal's, and the JSON's ``work_table``):
+    seconds per step, TFLOP/s, GB/s, FLOP per byte, the bounding roof and the share of it reached."""
     e = bd.efficiency[bd.efficiency.run == run] if len(bd.efficiency) else bd.efficiency
     if e.empty:
         return pd.DataFrame()
     return pd.DataFrame({
-        "category": e.category, "work": e.work, "ms": e.seconds * 1e3, "TFLOP/s": e.flop_per_s / 1e12,
-        "GB/s": e.bytes_per_s / 1e9, "FLOP/B": e.flop_per_byte, "bound": e.bound, "roof": e.roof_fraction,
+        "category": e.category, "work": e.work, "seconds": e.seconds, "tflop_per_s": e.flop_per_s / 1e12,
+        "gbyte_per_s": e.bytes_per_s / 1e9, "flop_per_byte": e.flop_per_byte, "bound": e.bound,
+        "roof_fraction": e.roof_fraction,
     }).reset_index(drop=True)
 
 
@@ -100,7 +101,7 @@ def utilisation(bd: Breakdown) -> pd.DataFrame:
         gemm = e[e.work == "gemm"]
         counted = gemm.counted_seconds.sum()
         rows.append({"run": run, "device": r.get("gpu") or r.get("device_name") or "-",
-                     "GFLOP/step": r.get("model_flop_per_step", math.nan) / 1e9,
-                     "GEMM TFLOP/s": gemm.flop.sum() / counted / 1e12 if counted else math.nan,
-                     "MFU": r.get("mfu"), "HFU": r.get("hfu")})
+                     "model_gflop_per_step": r.get("model_flop_per_step", math.nan) / 1e9,
+                     "gemm_tflop_per_s": gemm.flop.sum() / counted / 1e12 if counted else math.nan,
+                     "mfu": r.get("mfu"), "hfu": r.get("hfu")})
     return pd.DataFrame(rows)

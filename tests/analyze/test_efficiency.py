@@ -92,10 +92,17 @@ def test_own_runs_count_their_work_on_the_host(own):
 
 
 def test_checkpointing_adds_hardware_work_not_model_work(own):
+    """lora_gc recomputes its decoder layers' forward: that work is in the recompute category and the hardware
+    FLOPs, not in the model FLOPs. Those grow a little all the same (measured on micro: 1.3%): with checkpointing,
+    transformers makes the embeddings' output require a gradient (``enable_input_require_grads``), so backward
+    also computes the input gradient through the first layer's frozen weights, which LoRA alone skips."""
     runs = own.runs.set_index("run")
-    assert runs.loc["lora_gc", "model_flop_per_step"] == pytest.approx(runs.loc["lora", "model_flop_per_step"],
-                                                                       rel=1e-3)
-    assert runs.loc["lora_gc", "hardware_flop_per_step"] > 1.2 * runs.loc["lora", "hardware_flop_per_step"]
+    e = own.efficiency[own.efficiency.run == "lora_gc"]
+    recomputed = e[e.category == "recompute"].flop.sum()
+    extra_model = runs.loc["lora_gc", "model_flop_per_step"] - runs.loc["lora", "model_flop_per_step"]
+    assert recomputed > 0 and 0 <= extra_model <= 0.02 * runs.loc["lora", "model_flop_per_step"]
+    assert runs.loc["lora_gc", "hardware_flop_per_step"] - runs.loc["lora", "hardware_flop_per_step"] == \
+        pytest.approx(recomputed + extra_model, rel=0.01)
 
 
 def test_frozen_weights_skip_the_weight_gradient(own):
