@@ -39,6 +39,15 @@ def test_prediction_matches_measurement_on_tiny(tiny_training, name):
     _holds(bd.predicted.set_index("category"))
 
 
+@pytest.mark.parametrize("name", [n for n, m in METHODS.items() if m.zero_stage])
+def test_prediction_matches_measurement_for_zero_at_one_rank(matrix, name):
+    """Every ZeRO method as the micro matrix records it on one process: DeepSpeed's buffers, flat fp32 partition
+    and its optimizer state, to the same targets."""
+    bd = breakdown([matrix / name])
+    assert not bd.failed, bd.problems
+    _holds(bd.predicted.set_index("category"))
+
+
 @pytest.mark.parametrize("name", TRAINING)
 def test_prediction_matches_the_storage_lifetimes_too(tiny_training, name):
     """Where torch's export fails (it does now and then, on one rank of two), the storage lifetimes are the

@@ -15,7 +15,16 @@ from profkit.core import gpus
 from profkit.core.methods import METHODS
 from profkit.core.presets import get_preset
 from profkit.predict.step_time import CALIBRATION, predict, step_work
-from tests.conftest import run_cli
+from typer.testing import CliRunner
+
+from profkit.cli import app
+
+
+def invoke(*args: str, env: dict | None = None):
+    """The command in this process (a subprocess adds nothing here but its start-up)."""
+    result = CliRunner().invoke(app, list(args), env={"COLUMNS": "200", **(env or {})})
+    result.returncode = result.exit_code
+    return result
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = AutoConfig.for_model(**get_preset("micro").config)
@@ -87,22 +96,22 @@ def test_the_calibration_is_what_its_script_derives():
 
 
 def test_estimate_gpu_on_the_command_line():
-    result = run_cli("estimate", "lora", "qlora_gc", "--preset", "micro", "--gpu", "h100-sxm", "--format", "json")
-    assert result.returncode == 0, result.stderr
+    result = invoke("estimate", "lora", "qlora_gc", "--preset", "micro", "--gpu", "h100-sxm", "--format", "json")
+    assert result.returncode == 0, result.output
     out = {e["method"]: e for e in json.loads(result.stdout)}
     for m in ("lora", "qlora_gc"):
         st = out[m]["step_time"]
         assert st["predicted"] is True and st["gpu"] == "H100-SXM" and st["step_time_s"] > 0
         assert st["tokens_per_s"] > 0 and st["seconds_by_category"]
-    table = run_cli("estimate", "lora", "--preset", "micro", "--gpu", "A100-SXM4-80GB", env={"COLUMNS": "80"})
+    table = invoke("estimate", "lora", "--preset", "micro", "--gpu", "A100-SXM4-80GB", env={"COLUMNS": "80"})
     assert table.returncode == 0 and "Predicted step time on A100-SXM4-80GB (not measured)" in table.stdout
-    bad = run_cli("estimate", "lora", "--preset", "micro", "--gpu", "Voodoo 3")
-    assert bad.returncode == 2 and "valid GPUs: " in bad.stderr and "H100-SXM" in bad.stderr
+    bad = invoke("estimate", "lora", "--preset", "micro", "--gpu", "Voodoo 3")
+    assert bad.returncode == 2 and "valid GPUs: " in bad.output and "H100-SXM" in bad.output
 
 
 def test_recommend_ranks_by_the_predicted_step_time_and_says_so():
-    result = run_cli("recommend", "--budget", "1GiB", "--preset", "micro", "--gpu", "H100-SXM", env={"COLUMNS": "100"})
-    assert result.returncode == 0, result.stderr
+    result = invoke("recommend", "--budget", "1GiB", "--preset", "micro", "--gpu", "H100-SXM", env={"COLUMNS": "100"})
+    assert result.returncode == 0, result.output
     rows = [line.split("│") for line in result.stdout.splitlines() if line.startswith("│") and "predicted" in line]
     assert len(rows) >= 10
     times = [float(r[4].strip().removesuffix(" ms")) for r in rows if r[4].strip().endswith(" ms")]
