@@ -39,6 +39,7 @@ def _compare(tmp_path, **changes) -> pd.Series:
     ({"sharding": "ddp", "n_gpus": "2"}, "data parallelism (DDP) is not modelled"),
     ({"unit": "min total"}, "a whole run's time needs its token count"),
     ({"gpu": "NVIDIA A100"}, "GPU variant not stated"),
+    ({"gpu": "NVIDIA H100 80GB"}, "which of H100-SXM, H100-PCIe, H100-NVL is not stated"),
     ({"gpu": "NVIDIA H100 (DGX-H100, 80GB SXM)", "seq_len": "unstated"}, "sequence length not stated"),
     ({"model": "Qwen/Qwen-7B-Chat"}, "custom modelling code"),
     ({"precision": "fp32"}, "the prediction is for 16-bit training"),
@@ -62,6 +63,11 @@ def test_each_unit_becomes_tokens_per_second_per_gpu(stubbed, tmp_path, unit, me
     row = _compare(tmp_path, unit=unit, measured=measured, what_counted=counted)
     assert row.reason == "" and row.measured_tokens_per_gpu_s == pytest.approx(tokens_per_gpu_s)
     assert row.predicted_tokens_per_gpu_s == 2 * 512 / 1.0
+
+
+def test_variants_the_prediction_cannot_tell_apart_are_one(stubbed, tmp_path):
+    """An A100 80GB, SXM or PCIe: the same 16-bit peak, 5% apart in bandwidth (and an A100 is not an A10)."""
+    assert _compare(tmp_path, gpu="NVIDIA A100 80GB").gpu_key == "A100-SXM4-80GB"
 
 
 def test_a_stated_figure_is_predicted(tmp_path):

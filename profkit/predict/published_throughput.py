@@ -54,6 +54,12 @@ def _model(text: str, configs: dict) -> tuple[str, dict]:
     raise NotPredicted(f"no configuration for {text.split(' (')[0]}")
 
 
+def _within(part: str, whole: str) -> bool:
+    """``part`` in ``whole``; a part that ends in a digit not followed by another: an A10 is not an A100."""
+    tail = r"(?![0-9])" if part[-1:].isdigit() else ""
+    return bool(part) and re.search(re.escape(part) + tail, whole) is not None
+
+
 def _gpu(text: str) -> gpus.Gpu:
     if "not stated" in text or text.strip() in ("", "unstated") or re.fullmatch(r"NVIDIA (A100|H100)", text.strip()):
         raise NotPredicted(f"GPU variant not stated ({text})")
@@ -66,14 +72,26 @@ def _gpu(text: str) -> gpus.Gpu:
             continue
     squeezed = _squeeze(plain)
     matches = [g for g in gpus.GPUS.values()
-               if any(_squeeze(n) in squeezed or squeezed in _squeeze(n) for n in g.names)]
+               if any(_within(_squeeze(n), squeezed) for n in g.names)]
     if len(matches) > 1:  # the words in brackets may say which ("DGX-H100, 80GB SXM")
         said = _squeeze(text)
         form = [g for g in matches if _squeeze(g.key.split("-", 1)[-1]) in said]
         matches = form if len(form) == 1 else matches
+    words = set(re.findall(r"[a-z0-9]+", text.lower()))
     if not matches:  # the key's words, all in the text ("H100 80GB SXM": H100-SXM)
-        said = _squeeze(text)
-        matches = [g for g in gpus.GPUS.values() if all(_squeeze(w) in said for w in g.key.split("-"))]
+        matches = [g for g in gpus.GPUS.values() if {w.lower() for w in g.key.split("-")} <= words]
+    if not matches:  # the chip named, its variant not ("A100 80GB": SXM or PCIe?), its memory perhaps
+        matches = [g for g in gpus.GPUS.values() if g.key.split("-")[0].lower() in words
+                   and any(ch.isdigit() for ch in g.key.split("-")[0])]
+        sizes = {g.key: {w.lower() for w in g.key.split("-") if re.fullmatch(r"\d+GB", w)} for g in matches}
+        if any(sizes[g.key] & words for g in matches):
+            matches = [g for g in matches if sizes[g.key] & words]
+    # De-duplicate (a GPU matched by two names), then: variants that the prediction cannot tell apart (the same
+    # 16-bit peak, bandwidths within 10%: A100 80GB SXM or PCIe) are one answer, named as an assumption.
+    matches = list({g.key: g for g in matches}.values())
+    if len(matches) > 1 and len({g.tflops.get("bf16") for g in matches}) == 1 and \
+            max(g.bytes_per_s for g in matches) <= 1.1 * min(g.bytes_per_s for g in matches):
+        return matches[0]
     if len(matches) == 1:
         return matches[0]
     raise NotPredicted(f"{text}: not in profkit's GPU table" if not matches else f"{text}: which of "
