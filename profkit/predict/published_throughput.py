@@ -130,7 +130,9 @@ def _method(r):
         if targets.lower() in ("all-linear", "all linear", "all"):
             overrides["lora_targets"] = "all-linear"
         elif re.fullmatch(r"[a-z_]+(,\s*[a-z_]+)*", targets):
-            overrides["lora_targets"] = targets.replace(" ", "")
+            # "q,k,v,o" is the sources' shorthand for the attention projections
+            names = [f"{t}_proj" if t in ("q", "k", "v", "o") else t for t in targets.replace(" ", "").split(",")]
+            overrides["lora_targets"] = ",".join(names)
         else:
             raise NotPredicted(f"LoRA targets {targets or 'unstated'}")
         try:

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from profkit.core import work as work_of
 from profkit.core.bundled import bundled
 from profkit.core.gpus import Gpu
-from profkit.core.methods import Method
+from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.model.build import decoder_layers, meta_model, model_config
 from profkit.predict.estimate import EstimateError, contiguous_batches, TargetDevice
@@ -126,8 +126,11 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
     optimizer), kind, flops, model_flops, bytes, precision; one row per op call."""
     if method.kind != "train":
         raise EstimateError(f"{method.name}: step time is predicted for training methods")
-    with library_output():
-        model, quantized, plan = meta_model(method, config, "cuda", torch.bfloat16)
+    try:
+        with library_output():
+            model, quantized, plan = meta_model(method, config, "cuda", torch.bfloat16)
+    except UnsupportedError as exc:  # the model or the method's settings, said before anything runs
+        raise EstimateError(f"{method.name}: {exc}") from None
     layers = decoder_layers(model)
     rec = _Recorder()
     nf4_calls: list[tuple[bool, int, int]] = []  # (in a layer, weight elements, packed bytes)
