@@ -98,8 +98,11 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     if len(spread):
         t = Table(title="Step times", box=box.SIMPLE_HEAD, padding=(0, 1),
                   caption="clean: the timed steps, no profiler; profiled: the time cycle's steps")
-        for col in ("run", "steps", "min", "median", "max"):
-            t.add_column(col, justify="left" if col in ("run", "steps") else "right", no_wrap=True)
+        # A long run name folds onto a second line; the figures never shrink into an ellipsis.
+        t.add_column("run", overflow="fold")
+        t.add_column("steps", no_wrap=True, min_width=len("profiled"))
+        for col in ("min", "median", "max"):
+            t.add_column(col, justify="right", no_wrap=True, min_width=len("999.99 ms"))
         for _, r in spread.iterrows():
             # A trace recorded by others has no clean steps: no row of dashes for them.
             kinds = [(kind, prefix, median) for kind, prefix, median in (

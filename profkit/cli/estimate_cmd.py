@@ -71,14 +71,7 @@ def estimate(
         fail_usage(f"name at least one method, or --all; methods: {', '.join(TRAINING + INFERENCE)}")
     chosen, _ = options.apply(chosen, method_settings)
     settings = workload_settings(run_settings)
-    target = None
-    if gpu is not None:
-        try:
-            target = gpus.find(gpu)
-        except gpus.UnknownGpu as exc:
-            fail_usage(str(exc))
-        if device != "cuda":
-            fail_usage("--gpu predicts a CUDA step: leave --device at cuda")
+    target = find_gpu(gpu, device)
     estimates = run_estimates(chosen, settings, device, world_size)
     times = run_step_times(chosen, settings, target, world_size) if target else {}
 
@@ -96,6 +89,19 @@ def estimate(
         _print(estimates, settings, device, world_size)
         if times:
             _print_times(times, target, estimates)
+
+
+def find_gpu(name: str | None, device: str):
+    """The GPU --gpu names (None where none is named), or exit 2 with the valid names (shared with ``recommend``)."""
+    if name is None:
+        return None
+    try:
+        gpu = gpus.find(name)
+    except gpus.UnknownGpu as exc:
+        fail_usage(str(exc))
+    if device != "cuda":
+        fail_usage("--gpu predicts CUDA steps; the runs (or --device) are on the CPU")
+    return gpu
 
 
 def run_step_times(methods: list[Method], settings: RunSettings, gpu, world_size: int) -> dict:

@@ -13,7 +13,7 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
 from profkit.cli.common import fail_usage
-from profkit.cli.estimate_cmd import run_estimates, run_step_times, workload_settings
+from profkit.cli.estimate_cmd import find_gpu, run_estimates, run_step_times, workload_settings
 from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
@@ -41,18 +41,12 @@ def recommend(
         budget_bytes = parse_bytes(budget)
     except ValueError as exc:
         fail_usage(f"--budget: {exc}")
-    target_gpu = None
-    if gpu is not None:
-        try:
-            target_gpu = gpus.find(gpu)
-        except gpus.UnknownGpu as exc:
-            fail_usage(str(exc))
+
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
     settings, target = (_settings_of_runs(path) if not measured.empty
                         else (workload_settings(run_settings).resolved(), device))
     missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
-    if target_gpu is not None and target != "cuda":
-        fail_usage("--gpu predicts CUDA steps; the runs (or --device) are on the CPU")
+    target_gpu = find_gpu(gpu, target)
     times = run_step_times(missing, settings, target_gpu, 1) if target_gpu is not None and missing else {}
     estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [], times)
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
