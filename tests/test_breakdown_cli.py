@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 def test_json_has_one_object_per_run_reconciled(matrix):
     result = run_cli("breakdown", str(matrix), "--format", "json")
     assert result.returncode == 0, result.stderr
-    records = json.loads(result.stdout)
+    records = json.loads(result.stdout)["runs"]
     assert [r["run"] for r in records] == sorted(METHODS)
     for r in records:
         assert r["status"] == "ok" and r["method"] == r["run"]

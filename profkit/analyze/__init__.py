@@ -25,6 +25,7 @@ from profkit.analyze.lifetimes import LifetimeEvents, attribute, read_lifetimes
 from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline, analyze_lifetimes, analyze_memory,
                                     compare_sources, cpu_allocation_peak, disagreements, kv_cache_at, load_timeline,
                                     phase_windows)
+from profkit.analyze.disturbed import disturbance
 from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
@@ -47,7 +48,8 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "other_threads_op_s", "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
                "repetition_of", "repetition", "ttft_median_s", "tpot_median_s", "tpot_p90_s", "kv_cache_bytes",
                "kv_cache_tokens", "device_name", "gpu", "model_flop_per_step", "hardware_flop_per_step",
-               "flop_precision", "mfu", "hfu", "uncounted_time_fraction"]
+               "flop_precision", "mfu", "hfu", "uncounted_time_fraction", "allocated_peak_bytes", "reserved_peak_bytes",
+               "activation_peak_bytes", "disturbed"]
 
 
 @dataclass(frozen=True)
@@ -249,6 +251,8 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         c.merge(part)
         problems += found
         c.notes[src.run] = notes
+    for row in c.runs:
+        row["disturbed"] = disturbance(row)
     return Breakdown(
         runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
         time_by_name=c.frame("time_by_name", TIME_BY_NAME_COLUMNS), measured=c.frame("measured"),
@@ -415,6 +419,10 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]
         row["measured_peak_bytes"] = int(peak.iloc[0]) if len(peak) else None
+        cuda_peaks = record.peaks if "cuda_max_reserved" in record.peaks else {}
+        row.update(allocated_peak_bytes=cuda_peaks.get("cuda_max_allocated", row["measured_peak_bytes"]),
+                   reserved_peak_bytes=cuda_peaks.get("cuda_max_reserved"),
+                   activation_peak_bytes=m.activation_peak_bytes)
         notes += m.notes
         estimate = record.estimate or {}
         if "instants" in estimate:
@@ -524,6 +532,8 @@ def _foreign_memory(src: Source, trace, t, row: dict, c: _Collected, notes: list
     top = top.loc[top.peak_allocated_bytes.idxmax()]
     row["measured_peak_bytes"] = int(top.peak_reserved_bytes) if pd.notna(top.peak_reserved_bytes) else \
         int(top.peak_allocated_bytes)
+    row.update(allocated_peak_bytes=int(top.peak_allocated_bytes),
+               reserved_peak_bytes=int(top.peak_reserved_bytes) if pd.notna(top.peak_reserved_bytes) else None)
     notes += tm.notes
 
 

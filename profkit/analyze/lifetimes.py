@@ -36,6 +36,7 @@ class Lifetimes:
     phase_peaks: dict[str, OwnerPeak]  # the peak while work of each phase ran
     phase_ends: dict[str, OwnerPeak]  # what was live when each phase's last event happened
     largest: dict[str, int]  # each owner's own largest live bytes
+    largest_category: dict[str, int]  # each memory category's own largest live bytes (CATEGORY_OF_OWNER)
     allocated_peak: int  # the peak of what ops allocated during the steps (what existed before left out)
     events: int
     live_at_start: int = 0  # what was live when following began (the inventory's storages)
@@ -88,8 +89,9 @@ def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Life
     owner = owners_of(events, owner_of)
     live: dict[int, tuple[int, bool]] = {}  # storage -> bytes, allocated during the steps
     totals: dict[str, int] = {}
+    category_totals: dict[str, int] = {}
     total = allocated = allocated_peak = 0
-    peak, phases, ends, largest = OwnerPeak(), {}, {}, {}
+    peak, phases, ends, largest, largest_category = OwnerPeak(), {}, {}, {}, {}
     live_at_start, started = 0, False
 
     def snapshot(t_ns: int) -> OwnerPeak:
@@ -120,6 +122,9 @@ def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Life
             who = owner[number]
             totals[who] = totals.get(who, 0) + delta
             largest[who] = max(largest.get(who, 0), totals[who])
+            category = CATEGORY_OF_OWNER.get(who, who)
+            category_totals[category] = category_totals.get(category, 0) + delta
+            largest_category[category] = max(largest_category.get(category, 0), category_totals[category])
             total += delta
             allocated += delta if fresh else 0
             allocated_peak = max(allocated_peak, allocated)
@@ -130,7 +135,7 @@ def attribute(events: list[tuple], owner_of: dict[tuple[str, int], str]) -> Life
             phases[phase] = snapshot(t_ns)
     if previous is not None:
         ends[previous] = snapshot(0)
-    return Lifetimes(peak, phases, ends, largest, allocated_peak, len(events), live_at_start)
+    return Lifetimes(peak, phases, ends, largest, largest_category, allocated_peak, len(events), live_at_start)
 
 
 @dataclass

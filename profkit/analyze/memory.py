@@ -86,6 +86,9 @@ class MemoryResult:
     rows: pd.DataFrame  # category, phase, bytes
     measured: pd.DataFrame  # phase, measured_peak_bytes, source
     notes: list[str] = field(default_factory=list)
+    # Activations at their own largest during the memory step: what gradient checkpointing changes, whenever the
+    # run's peak falls (often at the optimizer step, when activations are gone).
+    activation_peak_bytes: int | None = None
 
 
 def inventory_totals(record: RunRecord) -> dict[str, int]:
@@ -136,8 +139,10 @@ def kv_cache_at(record: RunRecord, trace: Trace) -> Callable[[float], int] | Non
     return at
 
 
-def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[str, int]:
-    """Split the profiler's live bytes at one instant into profkit's categories, inventory first.
+def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict:
+    """Split the profiler's live bytes at one instant (``tl``: one timeline row), or at every instant at once
+    (``tl``: the whole timeline; each category is then an array over time), into profkit's categories,
+    inventory first.
 
     Inventory tensors are matched against the profiler categories they can hide in, in this order:
     parameters (the profiler files NF4 weights under INPUT: it does not see ``Params4bit`` as
@@ -149,12 +154,12 @@ def _reconcile(tl: np.ndarray, inv: dict[str, int], kv_cache: int = 0) -> dict[s
     parameters' gradients are temporaries, INPUT is an activation (the batch), UNKNOWN is unattributed.
     Static bytes the profiler never saw make ``unattributed`` negative: the inventory wins.
     """
-    pool = {name: int(tl[_T[name]]) for name in TIMELINE_CATEGORIES}
+    pool = {name: tl[..., _T[name]].astype(np.int64) for name in TIMELINE_CATEGORIES}
 
-    def take(amount: int, sources: tuple[str, ...]) -> int:
+    def take(amount, sources: tuple[str, ...]):
         """Remove ``amount`` from the pools in order; return how much could not be found."""
         for src in sources:
-            got = min(amount, pool[src])
+            got = np.minimum(amount, pool[src])
             pool[src] -= got
             amount -= got
         return amount
@@ -201,7 +206,8 @@ def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tup
         if i is None:
             notes.append(f"phase {phase}: no memory events inside its window")
             continue
-        cats = _reconcile(timeline.live[i], inv, kv_cache(timeline.t_ns[i]) if kv_cache else 0)
+        cats = {c: int(b) for c, b in _reconcile(timeline.live[i], inv,
+                                                  kv_cache(timeline.t_ns[i]) if kv_cache else 0).items()}
         if cuda and phase == "peak":
             # The allocator's own counters are the measurement; the timeline only splits it.
             allocated, reserved = peaks["cuda_max_allocated"], peaks["cuda_max_reserved"]
@@ -220,7 +226,15 @@ def analyze_memory(record: RunRecord, timeline: Timeline, windows: dict[str, tup
     if not cuda:
         notes.append("CPU runs have no allocator counters: allocator_overhead is 0 and the measured peak is the "
                      "profiler's memory timeline (process RSS, which includes code and libraries, is in the manifest)")
-    return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes)
+    return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes,
+                        activation_peak_bytes=_activation_peak(timeline, inv) if record.kind == "train" else None)
+
+
+def _activation_peak(timeline: Timeline, inventory: dict[str, int]) -> int | None:
+    """The reconciled activations at every instant of the memory step, at their largest."""
+    if not len(timeline.t_ns):
+        return None
+    return int(np.max(_reconcile(timeline.live, inventory)["activations"]))
 
 
 def cpu_allocation_peak(trace: Trace) -> int | None:
@@ -268,7 +282,9 @@ def analyze_lifetimes(record: RunRecord, lifetimes: Lifetimes, cpu_allocated: in
         notes.append(f"the CPU allocator's count puts the peak {unseen:,} bytes above what the dispatcher saw "
                      f"({unseen / max(lifetimes.peak.bytes + unseen, 1):.1%} of it): allocated outside the dispatcher "
                      "(a compiled kernel's buffers, an op's own workspace), so unattributed")
-    return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes)
+    return MemoryResult(pd.DataFrame(rows), pd.DataFrame(measured), notes,
+                        activation_peak_bytes=lifetimes.largest_category.get("activations", 0)
+                        if record.kind == "train" else None)
 
 
 SOURCES_COLUMNS = ["category", "lifetimes_bytes", "export_bytes", "difference_bytes", "difference_of_peak",

@@ -13,7 +13,8 @@ from rich.table import Table
 from profkit.analyze import Breakdown, ranks, views
 from profkit.analyze import breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
-from profkit.cli.common import Format, chunks, fail_usage
+from profkit.analyze.glance import at_a_glance
+from profkit.cli.common import Format, chunks, fail_usage, parse_budget
 from profkit.core.exitcodes import Exit
 from profkit.core.units import human_bytes, human_seconds
 from profkit.report import findings, formats, tables
@@ -33,24 +34,28 @@ def breakdown(
                                                        "(e.g. other: what no rule or context named)."),
     jobs: Optional[int] = typer.Option(None, min=1, help="Worker processes for many inputs (default: by CPU count "
                                                          "and available memory)."),
+    budget: Optional[str] = typer.Option(None, help="Memory budget, e.g. 8GiB: the at-a-glance table lists the runs "
+                                                    "within it first, fastest first."),
 ) -> None:
     """Decompose memory by owner and time by operator category, side by side across runs."""
     if explain is not None and explain not in TIME_CATEGORIES:
         fail_usage(f"unknown time category {explain!r}; valid: {', '.join(TIME_CATEGORIES)}")
     if explain is not None and fmt is Format.csv:
         fail_usage("--explain adds a second table, which CSV cannot hold: use --format json or markdown")
+    budget_bytes = parse_budget(budget)
     bd = analyse(paths, jobs)
     if baseline is not None and baseline not in set(bd.runs.get("run", [])):
         fail_usage(f"--baseline {baseline!r} is not among the runs: {', '.join(bd.runs.get('run', []))}")
     out = Console()
     err = Console(stderr=True)
     if fmt is Format.json:
-        typer.echo(formats.to_json(bd, explain))
+        typer.echo(formats.to_json(bd, explain, budget_bytes))
     elif fmt is Format.csv:
         typer.echo(formats.to_csv(bd), nl=False)
     elif fmt is Format.markdown:
-        typer.echo(formats.to_markdown(bd, baseline, explain))
+        typer.echo(formats.to_markdown(bd, baseline, explain, budget_bytes))
     else:
+        _print_glance(out, bd, budget_bytes)
         _print_tables(out, bd, baseline, phase)
         if explain:
             _print_explain(out, bd, explain)
@@ -59,6 +64,27 @@ def breakdown(
                   highlight=False)
     if bd.failed:
         raise typer.Exit(Exit.FAILED)
+
+
+def _print_glance(out: Console, bd: Breakdown, budget_bytes: int | None) -> None:
+    """The at-a-glance table first: one row per run, sorted as the reader asks (``analyze.glance``)."""
+    glance = at_a_glance(bd, budget_bytes)
+    if glance.empty:
+        return
+    cells = tables.glance_cells(glance, narrow=True).rename(columns={"memory at the peak": "memory\nat the peak",
+                                                         "time (profiled step)": "time\n(profiled step)"})
+    t = Table(title="At a glance", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False,
+              show_edge=False)
+    for col in cells.columns:
+        # A long run name folds; the figures and the owners' lines never wrap.
+        widest = max(len(line) for v in cells[col] for line in str(v).splitlines())
+        t.add_column(col, justify="right" if col in ("peak", "reserved", "clean step") else "left",
+                     overflow="fold", no_wrap=col != "run", min_width=None if col == "run" else widest)
+    for _, row in cells.iterrows():
+        t.add_row(*[escape(str(v)) for v in row])
+    out.print(t)
+    for note in tables.glance_notes(glance, budget_bytes):
+        out.print(f"  {escape(note)}", highlight=False)
 
 
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:

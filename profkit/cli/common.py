@@ -10,11 +10,22 @@ from rich.console import Console
 from rich.markup import escape
 
 from profkit.core.exitcodes import Exit
+from profkit.core.units import parse_bytes
 
 
 def fail_usage(message: str) -> NoReturn:
     Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(Exit.USAGE)
+
+
+def parse_budget(budget: str | None) -> int | None:
+    """``--budget`` in bytes (None: none given); a bad size is a usage error that says how to write one."""
+    if budget is None:
+        return None
+    try:
+        return parse_bytes(budget)
+    except ValueError as exc:
+        fail_usage(f"--budget: {exc}")
 
 
 class Format(str, Enum):

@@ -12,13 +12,13 @@ from rich.table import Table
 from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
-from profkit.cli.common import fail_usage
+from profkit.cli.common import fail_usage, parse_budget
 from profkit.cli.estimate_cmd import find_gpu, run_estimates, run_step_times, workload_settings
 from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
 from profkit.core.settings import RunSettings
-from profkit.core.units import human_bytes, human_seconds, parse_bytes
+from profkit.core.units import human_bytes, human_seconds
 from profkit.predict import recommend as ranking
 
 EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits the budget (the closest are "
@@ -37,10 +37,7 @@ def recommend(
     """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
     otherwise by the estimate (with --gpu, by the step time predicted on that GPU). Methods without a run are
     estimated with the runs' own model and sizes."""
-    try:
-        budget_bytes = parse_bytes(budget)
-    except ValueError as exc:
-        fail_usage(f"--budget: {exc}")
+    budget_bytes = parse_budget(budget)
 
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
     settings, target = (_settings_of_runs(path) if not measured.empty

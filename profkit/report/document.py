@@ -16,7 +16,9 @@ import pandas as pd
 from profkit.analyze import Breakdown, breakdown, ranks, views
 from profkit.core.settings import RunSettings
 from profkit.core.units import human_bytes, human_seconds
+from profkit.analyze.glance import at_a_glance
 from profkit.report import findings, plots, tables
+from profkit.report.answers import answers
 
 PLOTS = {
     "memory_by_owner.png": ("Memory at the peak, by owner", plots.memory_bars),
@@ -37,7 +39,8 @@ class Report:
     breakdown: Breakdown
 
 
-def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -> Report:
+def write_report(paths: list[Path], out_dir: Path, command: str | None = None,
+                 budget_bytes: int | None = None) -> Report:
     bd = breakdown(paths)
     command = command or command_line(paths, out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -51,7 +54,8 @@ def write_report(paths: list[Path], out_dir: Path, command: str | None = None) -
         if plots.snapshot_timeline(snap, target) is not None:
             snapshot_images[run] = target
             images.append(target)
-    text = render_markdown(bd, [i for i in images if i not in snapshot_images.values()], command, snapshot_images)
+    text = render_markdown(bd, [i for i in images if i not in snapshot_images.values()], command, snapshot_images,
+                           budget_bytes)
     md_path = out_dir / "report.md"
     md_path.write_text(text)
     html_path = out_dir / "report.html"
@@ -98,28 +102,31 @@ def _context(bd: Breakdown) -> list[str]:
 
 
 def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
-                    snapshot_images: dict[str, Path] | None = None) -> str:
-    parts = ["# profkit report", ""]
-    parts += _context(bd)
-    if command:
-        parts += ["", "Then this report:", "", "```bash", command, "```"]
-    parts += ["", "## Findings", ""]
-    parts += [f"- {s}" for s in findings.findings(bd)] or ["- No complete runs to compare."]
-    parts += ["", "## Runs", "", _runs_table(bd)]
+                    snapshot_images: dict[str, Path] | None = None, budget_bytes: int | None = None) -> str:
+    """The answers first (at a glance, the study's questions), then the evidence (findings ranked by size,
+    per-family tables, plots), then each run's details and how it was all recorded."""
+    parts = ["# profkit report", "", _summary_line(bd), ""]
+    glance = at_a_glance(bd, budget_bytes)
+    if not glance.empty:
+        # One line a run, so that the table and the answers share the first screen.
+        parts += ["## At a glance", "", tables.glance_cells(glance, ", ").to_markdown(index=False), ""]
+        parts += [" ".join(tables.glance_notes(glance, budget_bytes, reasons=False))]
+    parts += ["", "## Answers", ""]
+    for a in answers(bd, budget_bytes):
+        parts += [f"**{a.question}** {a.lead}", ""]
+        if a.points:  # the runs behind each figure, one click away in the HTML
+            parts += ['<details markdown="1"><summary>the runs behind it</summary>', ""]
+            parts += [f"- {p}" for p in a.points] + ["", "</details>", ""]
+    flagged = findings.flags(bd)
+    if flagged:
+        parts += ["## Flagged runs", ""] + [f"- {s}" for s in flagged] + [""]
+    parts += ["## Findings, the largest first", ""]
+    parts += [f"- {f.text} *(Compared: {f.compared}; {f.instant}.)*" for f in findings.ranked(bd)] \
+        or ["- No complete runs to compare."]
+    parts += _family_tables(bd)
     titles = {name: title for name, (title, _) in PLOTS.items()}
     for img in images:
         parts += ["", f"## {titles[img.name]}", "", f"![{titles[img.name]}]({img.name})"]
-        if img.name == "memory_by_owner.png":
-            parts += ["", "Bytes at the run's peak (profkit's reconciliation: inventory first, then the profiler's "
-                          "timeline; `unattributed` is what is left of the measured peak).", "",
-                      views.memory_at(bd).map(human_bytes).T.to_markdown()]
-        if img.name == "time_by_category.png":
-            tim = views.time_per_step(bd)
-            share = tim.div(tim.sum(axis=1), axis=0)
-            parts += ["", "Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time), as a share of "
-                          "the step and as profiled. The profiler's own cost inflates absolute times unevenly: a share "
-                          "times the clean step time is only an estimate of a category's unprofiled time.", "",
-                      (share.map(lambda v: "-" if v != v else f"{v:.0%}") + " " + tim.map(human_seconds)).T.to_markdown()]
         if img.name == "memory_timelines.png":
             parts += ["", "The profiler's own categories over time, before reconciliation with the inventory."]
         if img.name == "trace_memory_over_time.png":
@@ -129,6 +136,7 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
                       live[["run", "device", "phase", "category", "bytes", "allocations"]].to_markdown(index=False)]
         if img.name == "ranks.png":
             parts += _rank_tables(bd)
+    parts += ["", "## Runs", "", _runs_table(bd)]
     parts += _generation_section(bd) + _predicted_section(bd)
     parts += _allocator_sections(bd, snapshot_images or {})
     baseline = tables.default_baseline(bd)
@@ -137,7 +145,56 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
     notes = [f"- {run}: {n}" for run, ns in bd.notes.items() for n in ns]
     if notes:
         parts += ["", "## Notes", ""] + sorted(set(notes))
+    parts += ["", "## How this was recorded", ""] + _context(bd)
+    if command:
+        parts += ["", "Then this report:", "", "```bash", command, "```"]
     return "\n".join(parts) + "\n"
+
+
+def _summary_line(bd: Breakdown) -> str:
+    if bd.runs.empty:
+        return "No runs."
+    ok = int(bd.runs.status.isin(["ok", "foreign"]).sum())
+    rec = next(iter(bd.records.values()), None)
+    where = ""
+    if rec is not None:
+        model = rec.model.get("path") or rec.model.get("preset") or rec.model.get("class") or "a model"
+        device = rec.device.get("type") or "a device"
+        where = f" of {model} on {device}" + (f" ({rec.device['name']})" if rec.device.get("name") else "")
+    return (f"{len(bd.runs)} runs{where}, {ok} measured. The answers come first; the evidence, each run's details "
+            "and how they were recorded follow.")
+
+
+TIME_NOTE = ("Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time), as a share of the step and "
+             "as profiled. The profiler's own cost inflates absolute times unevenly: a share times the clean step "
+             "time is only an estimate of a category's unprofiled time.")
+MEMORY_NOTE = ("Bytes at each run's peak (profkit's reconciliation: inventory first, then the profiler's timeline; "
+               "`unattributed` is what is left of the measured peak).")
+
+
+def _family_tables(bd: Breakdown) -> list[str]:
+    """Memory at the peak and time per step, one pair of tables per family of runs, each no wider than 100
+    characters (``tables.fit_markdown``)."""
+    mem, tim = views.memory_at(bd), views.time_per_step(bd)
+    families: dict[str, list[str]] = {}
+    for run in bd.runs.run:
+        if run in mem.index or run in tim.index:
+            families.setdefault(tables.family(bd, run), []).append(run)
+    if not families:
+        return []
+    out = ["", "## Memory and time by family", "", MEMORY_NOTE, "", TIME_NOTE]
+    for family, runs in families.items():
+        m = mem.reindex([r for r in runs if r in mem.index]).dropna(axis=1, how="all")
+        if len(m):
+            out += ["", f"### {family}: memory at the peak", ""]
+            out += [x for t in tables.fit_markdown(m.map(human_bytes).T) for x in (t, "")]
+        t = tim.reindex([r for r in runs if r in tim.index]).dropna(axis=1, how="all")
+        if len(t):
+            share = t.div(t.sum(axis=1), axis=0)
+            cells = share.map(lambda v: "-" if v != v else f"{v:.0%}") + " " + t.map(human_seconds)
+            out += ["", f"### {family}: time per profiled step", ""]
+            out += [x for table in tables.fit_markdown(cells.T) for x in (table, "")]
+    return out
 
 
 def _generation_section(bd: Breakdown) -> list[str]:
@@ -232,7 +289,7 @@ def _runs_table(bd: Breakdown) -> str:
 
 
 def render_html(text: str, image_dir: Path) -> str:
-    body = markdown.markdown(text, extensions=["tables", "fenced_code"])
+    body = markdown.markdown(text, extensions=["tables", "fenced_code", "md_in_html"])
 
     def inline(match: re.Match) -> str:
         path = image_dir / match.group(1)
@@ -240,11 +297,15 @@ def render_html(text: str, image_dir: Path) -> str:
         return f'src="data:image/png;base64,{data}"'
 
     body = re.sub(r'src="([^"]+\.png)"', inline, body)
-    style = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;line-height:1.45}"
-             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}"
+    # Compact enough that the at-a-glance table and the answers share a laptop's first screen (1280x800).
+    style = ("body{font-family:system-ui,sans-serif;max-width:1240px;margin:0.6em auto;padding:0 1em;line-height:1.35;"
+             "font-size:14px}h1{font-size:20px;margin:0.2em 0}h2{font-size:16px;margin:0.8em 0 0.3em}"
+             "p{margin:0.3em 0}summary{color:#555;cursor:pointer}"
+             "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:1px 6px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}img{max-width:100%}code,pre{background:#f4f4f4}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>profkit report</title><style>{style}</style></head><body>{body}</body></html>\n"
 
 
-def command_line(paths: list[Path], out_dir: Path) -> str:
-    return "profkit report " + " ".join(shlex.quote(str(p)) for p in paths) + f" -o {shlex.quote(str(out_dir))}"
+def command_line(paths: list[Path], out_dir: Path, budget: str | None = None) -> str:
+    return ("profkit report " + " ".join(shlex.quote(str(p)) for p in paths) + f" -o {shlex.quote(str(out_dir))}"
+            + (f" --budget {shlex.quote(budget)}" if budget else ""))

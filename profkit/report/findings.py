@@ -5,9 +5,12 @@ A rule only speaks when the runs it compares are present and complete; no senten
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from profkit.analyze import Breakdown, noise, ranks, views
+from profkit.analyze.measures import measure_pairs
 from profkit.core.units import human_bytes, human_seconds, signed_bytes, signed_ms
 from profkit.report import tables
 
@@ -46,10 +49,20 @@ class _View:
     def clean(self, run: str) -> float:
         return float(self.runs.loc[run, "clean_step_time_s"])
 
+    def disturbed(self, run: str) -> bool:
+        return isinstance(self.runs.loc[run].get("disturbed"), str)
+
+    def sharded(self, run: str) -> bool:
+        settings = self.records[run].settings
+        return bool(settings.get("zero_stage") or settings.get("fsdp"))
+
     def clean_change(self, a: str, b: str) -> str:
         """b's clean step time against a's, or that they do not measurably differ (within the spread of the
-        timed steps of both runs)."""
-
+        timed steps of both runs), or that a run's clean steps look disturbed and are not compared."""
+        disturbed = [r for r in (a, b) if self.disturbed(r)]
+        if disturbed:
+            return (f"clean step time not compared: the clean steps of {' and '.join(disturbed)} look disturbed "
+                    "(see the flagged runs)")
         diff = noise.clean_step(self.bd, a, b)
         if not diff.measurable:
             return (f"no measurable difference in clean step time ({human_seconds(self.clean(b))} vs "
@@ -80,68 +93,114 @@ class _View:
                 for b in runs if shapes[b] == {**shapes[a], **change}]
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One sentence with what ranks it: ``size``, the relative size of the effect it states (a change as a
+    fraction, a share of the step); ``compared``, the runs it sets side by side; ``instant``, when the figures
+    were taken."""
+
+    text: str
+    size: float
+    compared: str
+    instant: str
+
+
 def findings(bd: Breakdown) -> list[str]:
+    """The findings' sentences, the largest effect first."""
+    return [f.text for f in ranked(bd)]
+
+
+def ranked(bd: Breakdown) -> list[Finding]:
     v = _View(bd)
-    out: list[str] = []
-    for base, gc in v.pairs({"kind": "train", "gradient_checkpointing": False}, {"gradient_checkpointing": True}):
-        act_b, act_g = v.m(base, "activations"), v.m(gc, "activations")
-        rec_points = 100 * v.t(gc, "recompute") / v.profiled(base)
-        out.append(
-            f"Gradient checkpointing ({gc} vs {base}) cut activations at the peak by "
-            f"{-_pct(act_g, act_b):.0f}% ({human_bytes(act_b)} -> {human_bytes(act_g)}) and the measured peak by "
-            f"{-_pct(v.peak(gc), v.peak(base)):.0f}%, at {_pct(v.profiled(gc), v.profiled(base)):+.0f}% profiled "
-            f"step time, of which {rec_points:.0f} points are recompute ({human_seconds(v.t(gc, 'recompute'))}/step); "
-            f"{v.clean_change(base, gc)}.")
+    out: list[Finding] = []
+    pairs = measure_pairs(bd)
+    gc = pairs[(pairs.measure == "Gradient checkpointing") & pairs.base.map(lambda r: not v.sharded(r))]
+    for _, p in gc.iterrows():
+        out.append(_checkpointing(v, p))
     for lora, full in v.pairs(PLAIN_LORA, {"adapter": "none", "lora_r": None, "lora_targets": ()}):
-        out.append(
+        out.append(Finding(
             f"LoRA ({lora}) trains {human_bytes(v.m(lora, 'parameters_trainable'))} of parameters instead of "
             f"{human_bytes(v.m(full, 'parameters_trainable'))} ({full}), so its optimizer state is "
             f"{human_bytes(v.m(lora, 'optimizer_state'))} against full fine-tuning's "
             f"{human_bytes(v.m(full, 'optimizer_state'))}; its peak is {human_bytes(v.peak(lora))} against "
-            f"{human_bytes(v.peak(full))}; {v.clean_change(full, lora)}.")
+            f"{human_bytes(v.peak(full))}; {v.clean_change(full, lora)}.",
+            abs(_pct(v.peak(lora), v.peak(full))) / 100, f"{lora} against {full}", "at each run's peak"))
     for lora, qlora in v.pairs(PLAIN_LORA, {"quantization": "nf4"}):
         q = v.m(qlora, "parameters_quantized")
-        out.append(
+        out.append(Finding(
             f"QLoRA ({qlora}) holds {human_bytes(v.params(qlora))} of parameters against LoRA's "
             f"{human_bytes(v.params(lora))} (NF4 weights with their quantization state: {human_bytes(q)}); 4-bit "
             f"(de)quantization costs {human_seconds(v.t(qlora, 'quantization'))} per profiled step; "
-            f"{v.clean_change(lora, qlora)}.")
+            f"{v.clean_change(lora, qlora)}.",
+            abs(_pct(v.params(qlora), v.params(lora))) / 100, f"{qlora} against {lora}", "at each run's peak"))
     for stage in (2, 3):
         for lora, z in v.pairs(PLAIN_LORA, {"zero_stage": stage}):
             deltas = {c: v.m(z, c) - v.m(lora, c) for c in v.mem.columns}
             top = max(deltas, key=lambda c: deltas[c])
-            out.append(
+            out.append(Finding(
                 f"ZeRO-{stage} on one process ({z}) has no one to shard with: its peak is "
                 f"{human_bytes(v.peak(z))} against LoRA's {human_bytes(v.peak(lora))} "
                 f"({_pct(v.peak(z), v.peak(lora)):+.0f}%), the largest growth being {top} "
                 f"(+{human_bytes(deltas[top])}); optimizer state grows by "
                 f"{human_bytes(deltas.get('optimizer_state', 0))} (an fp32 master copy), and communication takes "
-                f"{human_seconds(v.t(z, 'communication'))} per profiled step.")
+                f"{human_seconds(v.t(z, 'communication'))} per profiled step.",
+                abs(_pct(v.peak(z), v.peak(lora))) / 100, f"{z} against {lora}", "at each run's peak"))
     for zero3, fsdp in v.pairs({"kind": "train", "zero_stage": 3}, {"zero_stage": 0, "fsdp": True}):
-        out.append(_fsdp_beside_zero3(v, zero3, fsdp))
+        out.append(Finding(_fsdp_beside_zero3(v, zero3, fsdp), abs(_pct(v.peak(fsdp), v.peak(zero3))) / 100,
+                           f"{fsdp} against {zero3}", "at each run's peak"))
     for fp16, int4 in v.pairs({"kind": "infer", "quantization": None}, {"quantization": "nf4"}):
-        out.append(_quantized_inference(v, fp16, int4))
+        out.append(Finding(_quantized_inference(v, fp16, int4), abs(_pct(v.params(int4), v.params(fp16))) / 100,
+                           f"{int4} against {fp16}", "weights as loaded; the KV cache after the last decode pass"))
+    # A disturbed run's clean step is not a measure of the run: it is left out of the profiler's cost.
     ratios = {r: v.profiled(r) / v.clean(r) for r in v.tim.index
-              if r in v.ok and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and v.clean(r) > 0}
+              if r in v.ok and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and v.clean(r) > 0
+              and not v.disturbed(r)}
     if ratios:
         lo, hi = min(ratios, key=ratios.get), max(ratios, key=ratios.get)
-        out.append(
+        out.append(Finding(
             f"Profiling costs time: a profiled step takes {ratios[lo]:.1f}x ({lo}) to {ratios[hi]:.1f}x ({hi}) the "
             f"clean step, so time categories below are shares of the profiled step and absolute step times come "
-            f"from the unprofiled steps.")
-    for run in v.tim.index:
-        if run in v.ok:
-            row = v.tim.loc[run].fillna(0)
-            top = row.idxmax()
-            out.append(f"{run}: the largest time category is {top}, {human_seconds(row[top])} of "
-                       f"{human_seconds(row.sum())} per profiled step ({100 * row[top] / row.sum():.0f}%).")
-    out += work_sentences(bd)
-    out += engine_differences(bd)
-    out += idle_sentences(bd) + exposure_sentences(bd) + rank_sentences(bd)
-    if len(v.runs):
-        for run, r in v.runs[~v.runs.status.isin(["ok", "foreign"])].iterrows():
-            out.append(f"{run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
+            f"from the unprofiled steps.", ratios[hi] - 1, "each run's profiled step against its clean steps",
+            "medians of the clean steps and of the profiled steps"))
+    out += work_findings(bd)
+    out += [Finding(s, size, "two engines, one method", "at each run's peak") for s, size in _engine_differences(bd)]
+    out += [Finding(s, size, "within one run", "per profiled step")
+            for s, size in _idle(bd) + _exposure(bd)]
+    out += [Finding(s, size, "the ranks of one job", "per profiled step") for s, size in _ranks(bd)]
+    return sorted(out, key=lambda f: -f.size)
+
+
+def flags(bd: Breakdown) -> list[str]:
+    """Runs whose figures are not what they seem: not measured, or timed while something else ran."""
+    if bd.runs.empty:
+        return []
+    out = []
+    for _, r in bd.runs.iterrows():
+        if r.status not in ("ok", "foreign"):
+            out.append(f"{r.run} was not measured: status {r.status} ({r.get('reason') or 'no reason recorded'}).")
+        elif isinstance(r.get("disturbed"), str):
+            out.append(f"{r.run}: its clean steps look disturbed ({r.disturbed}); its time is neither compared nor "
+                       "explained here (its memory is). Record it again on a quiet machine, or with --repeats.")
     return out
+
+
+def _checkpointing(v: _View, p: pd.Series) -> Finding:
+    """What gradient checkpointing changes is the activation peak; the run's peak may fall elsewhere (at the
+    optimizer step, when activations are gone), and the sentence says where."""
+    base, gc = p.base, p.run
+    where = PHASE_WORDS.get(p.peak_phase, f"in the {p.peak_phase} phase")
+    text = (f"Gradient checkpointing ({gc} vs {base}) cut the activation peak (activations at their own largest "
+            f"during the step) by {-100 * p.activation_peak_change:.0f}% "
+            f"({human_bytes(p.base_activation_peak_bytes)} -> {human_bytes(p.activation_peak_bytes)}); the run's "
+            f"peak, which falls {where}, changed by {100 * p.peak_change:+.0f}% ({human_bytes(p.base_peak_bytes)} "
+            f"-> {human_bytes(p.peak_bytes)}); recompute takes {human_seconds(v.t(gc, 'recompute'))} per profiled "
+            f"step; {v.clean_change(base, gc)}.")
+    return Finding(text, abs(p.activation_peak_change) if pd.notna(p.activation_peak_change) else 0.0,
+                   f"{gc} against {base}", "activations at their own largest; each run's peak where it falls")
+
+
+PHASE_WORDS = {"forward": "in the forward pass", "backward": "in the backward pass",
+               "optimizer": "at the optimizer step, when activations are gone"}
 
 
 def _fsdp_beside_zero3(v: _View, zero3: str, fsdp: str) -> str:
@@ -196,7 +255,7 @@ BUCKET_ORIGIN = {"loop": "DeepSpeed's default", "trainer": "Hugging Face's \"aut
 WORK_MARGIN = 1.1  # "more work": at least this many times the other run's model FLOPs per step
 
 
-def work_sentences(bd: Breakdown) -> list[str]:
+def work_findings(bd: Breakdown) -> list[Finding]:
     """More work in less time: run a does at least ``WORK_MARGIN`` times b's model FLOPs per step, on the same
     device and tokens per step, yet its clean step is measurably shorter. Not a contradiction in a measurement --
     it says that b's time is not spent on its arithmetic -- but a figure to check wherever it is claimed without
@@ -206,27 +265,38 @@ def work_sentences(bd: Breakdown) -> list[str]:
         return []
     runs = [r for r in v.ok if pd.notna(v.runs.loc[r, "model_flop_per_step"]) and v.runs.loc[r, "model_flop_per_step"] > 0
             and pd.notna(v.runs.loc[r, "clean_step_time_s"]) and r in bd.records]
+    # Only runs one measure apart (LoRA against full, 4-bit against 16-bit weights): between any two runs the
+    # sentence would be said of every pair, and say nothing about a method.
+    pairs = measure_pairs(bd)
+    one_apart = {frozenset(p) for p in zip(pairs.base, pairs.run)}
     out = []
     for a in runs:
         for b in runs:
+            if frozenset((a, b)) not in one_apart:
+                continue
             same = (bd.records[a].timings.get("tokens_per_step") == bd.records[b].timings.get("tokens_per_step")
                     and v.runs.loc[a, "device_name"] == v.runs.loc[b, "device_name"])
             work_a, work_b = v.runs.loc[a, "model_flop_per_step"], v.runs.loc[b, "model_flop_per_step"]
             if not same or work_a < WORK_MARGIN * work_b or v.clean(a) >= v.clean(b):
                 continue
-            if not noise.clean_step(bd, a, b).measurable:
+            if v.disturbed(a) or v.disturbed(b) or not noise.clean_step(bd, a, b).measurable:
                 continue
             rate_a, rate_b = work_a / v.clean(a), work_b / v.clean(b)
-            out.append(
+            out.append(Finding(
                 f"More work in less time: {a} does {work_a / work_b:.2f}x the model FLOPs per step of {b} "
                 f"({work_a / 1e9:,.2f} vs {work_b / 1e9:,.2f} GFLOP) in {v.clean(a) / v.clean(b):.2f}x its clean "
                 f"step ({human_seconds(v.clean(a))} vs {human_seconds(v.clean(b))}): {a} computes at "
                 f"{rate_a / 1e9:,.1f} GFLOP/s, {b} at {rate_b / 1e9:,.1f}, so {b}'s extra time is not arithmetic "
-                f"(its categories say what it is).")
+                f"(its categories say what it is).", work_a / work_b - 1, f"{a} against {b}",
+                "model FLOPs per step; medians of the clean steps"))
     return out
 
 
 def engine_differences(bd: Breakdown) -> list[str]:
+    return [text for text, _ in _engine_differences(bd)]
+
+
+def _engine_differences(bd: Breakdown) -> list[tuple[str, float]]:
     """One method recorded by two engines (``profkit record --engine loop|trainer``): where the memory differs,
     and, for ZeRO, the reduce bucket each engine's DeepSpeed config gave the optimizer."""
     v = _View(bd)
@@ -249,11 +319,15 @@ def engine_differences(bd: Breakdown) -> list[str]:
             sentence += (f". DeepSpeed's reduce bucket holds {za['reduce_bucket_size']:,} elements under "
                          f"{ENGINE_NAMES['loop']} ({BUCKET_ORIGIN['loop']}) against {zb['reduce_bucket_size']:,} under "
                          f"the Trainer ({BUCKET_ORIGIN['trainer']})")
-        out.append(sentence + ".")
+        out.append((sentence + ".", abs(deltas[top]) / max(v.peak(a), v.peak(b), 1)))
     return out
 
 
 def exposure_sentences(bd: Breakdown) -> list[str]:
+    return [text for text, _ in _exposure(bd)]
+
+
+def _exposure(bd: Breakdown) -> list[tuple[str, float]]:
     """GPU runs: each category that ran partly hidden under other work, with its exposed share
     ("communication 37.0 ms per step, of which 30.0 ms exposed")."""
     gpu = bd.time[bd.time.resource == "gpu"]
@@ -264,11 +338,16 @@ def exposure_sentences(bd: Breakdown) -> list[str]:
         pieces = [f"{cat} {human_seconds(r.seconds + r.overlapped_seconds)}, of which {human_seconds(r.seconds)} "
                   f"exposed" for cat, r in cats.sort_values("overlapped_seconds", ascending=False).iterrows()]
         if pieces:
-            out.append(f"{run} (GPU, per step; the rest ran under higher-priority work): " + "; ".join(pieces))
+            out.append((f"{run} (GPU, per step; the rest ran under higher-priority work): " + "; ".join(pieces),
+                        float(cats.seconds.sum() / g.seconds.sum()) if g.seconds.sum() else 0.0))
     return out
 
 
 def idle_sentences(bd: Breakdown) -> list[str]:
+    return [text for text, _ in _idle(bd)]
+
+
+def _idle(bd: Breakdown) -> list[tuple[str, float]]:
     """GPU runs: why the GPU was idle, per profiled step."""
     idle = bd.time_by_name[(bd.time_by_name.resource == "gpu") & (bd.time_by_name.category == "idle")]
     out = []
@@ -276,7 +355,9 @@ def idle_sentences(bd: Breakdown) -> list[str]:
         g = g[g.seconds > 0].sort_values("seconds", ascending=False)
         if len(g):
             reasons = ", ".join(f"{human_seconds(r.seconds)} {r['name'].removeprefix('idle: ')}" for _, r in g.iterrows())
-            out.append(f"{run}: GPU idle {human_seconds(g.seconds.sum())} per step: {reasons}")
+            step = bd.time[(bd.time.run == run) & (bd.time.resource == "gpu")].seconds.sum()
+            out.append((f"{run}: GPU idle {human_seconds(g.seconds.sum())} per step: {reasons}",
+                        float(g.seconds.sum() / step) if step else 0.0))
     return out
 
 
@@ -317,6 +398,10 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
 
 
 def rank_sentences(bd: Breakdown) -> list[str]:
+    return [text for text, _ in _ranks(bd)]
+
+
+def _ranks(bd: Breakdown) -> list[tuple[str, float]]:
     """Per group: the rank the others wait for (or lockstep), the step-start skew, what each rank holds."""
     out = []
     summary, verdicts, memory = ranks.rank_summary(bd), ranks.verdict(bd), ranks.rank_memory(bd)
@@ -326,16 +411,18 @@ def rank_sentences(bd: Breakdown) -> list[str]:
         if v.verdict == "straggler":
             does = max((("computes", v.compute_s - v.peers_compute_s), ("leaves its device idle", v.idle_s -
                         v.peers_idle_s)), key=lambda item: item[1])
-            out.append(f"{group}: the others wait for rank {v['rank']}: it waits {human_seconds(v.waiting_s)} per "
+            out.append((f"{group}: the others wait for rank {v['rank']}: it waits {human_seconds(v.waiting_s)} per "
                        f"step in collectives against a median of {human_seconds(v.peers_waiting_s)} for its peers, "
                        f"and {does[0]} {human_seconds(does[1])} more than they do"
-                       + (" (host-bound: its host runs late)" if does[0].startswith("leaves") else "") + ".")
+                       + (" (host-bound: its host runs late)" if does[0].startswith("leaves") else "") + ".",
+                       # the share of the step its peers spend waiting for it
+                       float((v.peers_waiting_s - v.waiting_s) / s.step_s.max()) if s.step_s.max() else 0.0))
         else:
-            out.append(f"{group}: the ranks are in lockstep: no rank waits in collectives less than the others by "
-                       f"more than the noise ({human_seconds(v.noise_s)} per step); steps "
-                       f"{human_seconds(s.step_s.min())} to {human_seconds(s.step_s.max())}.")
-        out.append(f"{group}: the first profiled step started {s.start_skew_ms.max():.2f} ms apart between the "
-                   "earliest and the latest rank.")
+            out.append((f"{group}: the ranks are in lockstep: no rank waits in collectives less than the others by "
+                        f"more than the noise ({human_seconds(v.noise_s)} per step); steps "
+                        f"{human_seconds(s.step_s.min())} to {human_seconds(s.step_s.max())}.", 0.0))
+        out.append((f"{group}: the first profiled step started {s.start_skew_ms.max():.2f} ms apart between the "
+                    "earliest and the latest rank.", 0.0))
         mem = memory[(memory.group == group) & memory.parameters_fraction.notna()]
         if len(mem):
             n = len(runs)
@@ -350,5 +437,5 @@ def rank_sentences(bd: Breakdown) -> list[str]:
                    "persistence threshold, which every rank keeps whole" if stage == 3 else
                    f"; ZeRO-{stage} partitions gradients and optimizer state only, so every rank holds every parameter"
                    if stage in (1, 2) else "")
-            out.append(f"{group}: each rank holds {share} of the model's parameter bytes{why}.")
+            out.append((f"{group}: each rank holds {share} of the model's parameter bytes{why}.", 0.0))
     return out

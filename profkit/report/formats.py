@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 
 import pandas as pd
 
 from profkit.analyze import Breakdown, ranks
+from profkit.analyze.disturbed import WIDE_SPREAD
+from profkit.analyze.glance import at_a_glance
+from profkit.analyze.measures import measure_pairs
 from profkit.analyze.views import explain, memory_at, primary_resource, time_per_step, time_shares
 from profkit.core.units import mib, ms
 from profkit.report import findings, tables
+from profkit.report.answers import NOTHING, answers
 from profkit.report.tables import comparison, predicted_cells
 
 
@@ -123,16 +128,37 @@ def _shares(key: str, share, total, run: str) -> dict:
             f"{key}_categories_total_s": float(total[run])}
 
 
-def to_json(bd: Breakdown, explained: str | None = None) -> str:
-    return json.dumps(to_records(bd, explained), indent=2, default=_clean)
+def to_document(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None) -> dict:
+    """Everything the breakdown says, as one JSON-ready object: the at-a-glance table, the answers, the measure
+    pairs they quote, the findings ranked by size, the flagged runs, and each run's record (``to_records``)."""
+    return {
+        "budget_bytes": budget_bytes,
+        "thresholds": {"nothing_fraction": NOTHING, "wide_spread_ratio": WIDE_SPREAD},
+        "at_a_glance": _rows(at_a_glance(bd, budget_bytes)),
+        "answers": [{"question": a.question, "lead": a.lead, "points": list(a.points)}
+                    for a in answers(bd, budget_bytes)],
+        "measures": _rows(measure_pairs(bd)),
+        "findings": [asdict(f) for f in findings.ranked(bd)],
+        "flagged": findings.flags(bd),
+        "runs": to_records(bd, explained),
+    }
+
+
+def to_json(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None) -> str:
+    return json.dumps(to_document(bd, explained, budget_bytes), indent=2, default=_clean)
 
 
 def to_csv(bd: Breakdown) -> str:
     return comparison(bd).to_csv(index=False)
 
 
-def to_markdown(bd: Breakdown, baseline: str | None = None, explained: str | None = None) -> str:
+def to_markdown(bd: Breakdown, baseline: str | None = None, explained: str | None = None,
+                budget_bytes: int | None = None) -> str:
     parts = []
+    glance = at_a_glance(bd, budget_bytes)
+    if not glance.empty:
+        parts.append("## At a glance\n\n" + tables.glance_cells(glance, "<br>").to_markdown(index=False) + "\n\n"
+                     + "\n".join(tables.glance_notes(glance, budget_bytes)))
     runs = bd.runs.copy()
     if not runs.empty:
         cols = [c for c in ("run", "method", "status", "clean_step_time_s", "tokens_per_s", "profiled_step_time_s",

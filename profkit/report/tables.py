@@ -11,7 +11,7 @@ from profkit.analyze import Breakdown
 from profkit.analyze.ranks import groups
 from profkit.analyze.views import memory_at, time_per_step
 from profkit.core.categories import MEMORY_CATEGORIES
-from profkit.core.units import human_bytes
+from profkit.core.units import human_bytes, human_seconds
 
 
 def comparison(bd: Breakdown) -> pd.DataFrame:
@@ -105,3 +105,83 @@ def utilisation(bd: Breakdown) -> pd.DataFrame:
                      "gemm_tflop_per_s": gemm.flop.sum() / counted / 1e12 if counted else math.nan,
                      "mfu": r.get("mfu"), "hfu": r.get("hfu")})
     return pd.DataFrame(rows)
+
+
+def _share(name, share) -> str:
+    return f"{name} {share:.0%}" if isinstance(name, str) else ""
+
+
+def glance_cells(glance: pd.DataFrame, newline: str = "\n", narrow: bool = False) -> pd.DataFrame:
+    """The at-a-glance table in display units, one row per run; ``newline`` joins a cell's lines (the
+    terminal's line break, or Markdown's ``<br>``); ``narrow`` puts tokens/s under the clean step (80 columns).
+    A disturbed run's name is marked with "!"."""
+    show_reserved = glance.reserved_bytes.notna().any()
+    rows = []
+    for _, g in glance.iterrows():
+        step = human_seconds(g.clean_step_s)
+        if pd.notna(g.clean_step_spread):
+            step += f"{newline}±{g.clean_step_spread:.0%}"
+        row = {"run": g.run + (" !" if isinstance(g.disturbed, str) else ""), "peak": human_bytes(g.peak_bytes)}
+        if show_reserved:
+            row["reserved"] = human_bytes(g.reserved_bytes)
+        rate = f"{g.tokens_per_s:,.0f}" if pd.notna(g.tokens_per_s) else "-"
+        row.update({
+            "clean step": step + (f"{newline}{rate} tok/s" if narrow and rate != "-" else ""),
+            **({} if narrow else {"tokens/s": rate}),
+            "memory at the peak": newline.join(filter(None, (_share(g.memory_first, g.memory_first_share),
+                                                             _share(g.memory_second, g.memory_second_share)))) or "-",
+            "time (profiled step)": newline.join(filter(None, (_share(g.time_first, g.time_first_share),
+                                                               _share(g.time_second, g.time_second_share)))) or "-",
+        })
+        if g.status not in ("ok", "foreign"):
+            row["clean step"] = str(g.status)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def glance_notes(glance: pd.DataFrame, budget_bytes: int | None, reasons: bool = True) -> list[str]:
+    """What the table's marks and order mean; with ``reasons``, why each marked run is (else the reader is
+    pointed to the flagged runs)."""
+    order = (f"within {human_bytes(budget_bytes)} first, fastest first; then the rest by peak" if budget_bytes
+             is not None else "by peak memory, smallest first")
+    notes = [f"Sorted {order}. Shares: of the measured peak (memory), of the profiled step (time); ± is half the "
+             "clean steps' range over their median."]
+    marked = [r for _, r in glance.iterrows() if isinstance(r.disturbed, str)]
+    if marked and not reasons:
+        notes.append("! marks a run whose clean steps look disturbed: its time is not compared (see the flagged "
+                     "runs).")
+    elif marked:
+        notes += [f"! {r.run}: {r.disturbed}; its time is not compared." for r in marked]
+    return notes
+
+
+def family(bd: Breakdown, run: str) -> str:
+    """The table a run's evidence goes in: training by its base (full, LoRA, QLoRA), generation apart, traces
+    recorded by others apart."""
+    rec = bd.records.get(run)
+    if rec is None:
+        return "traces recorded by others"
+    if rec.kind == "infer":
+        return "generation"
+    s = rec.settings
+    if not s:
+        return "other runs"
+    base = "full fine-tuning" if s.get("adapter") in (None, "none") else "LoRA"
+    return ("QLoRA" if s.get("quantization") and base == "LoRA" else
+            f"{base}, 4-bit" if s.get("quantization") else base)
+
+
+def fit_markdown(frame: pd.DataFrame, width: int = 100) -> list[str]:
+    """``frame`` as Markdown tables no wider than ``width`` characters: its columns split over as many tables as
+    it takes, each repeating the index. A single column wider than ``width`` still gets its own table."""
+    tables, chunk = [], []
+    for col in frame.columns:
+        trial = frame[chunk + [col]].to_markdown()
+        if chunk and max(map(len, trial.splitlines())) > width:
+            tables.append(frame[chunk].to_markdown())
+            chunk = [col]
+        else:
+            chunk.append(col)
+    if chunk:
+        tables.append(frame[chunk].to_markdown())
+    return tables

@@ -168,7 +168,7 @@ def test_every_figure_of_the_rank_tables_is_in_the_json(dlrm):
     from profkit.cli import app
 
     terminal = CliRunner().invoke(app, ["breakdown", str(DLRM)], env={"COLUMNS": "200"}).output
-    records = json.loads(CliRunner().invoke(app, ["breakdown", str(DLRM), "-f", "json"]).output)
+    records = json.loads(CliRunner().invoke(app, ["breakdown", str(DLRM), "-f", "json"]).output)["runs"]
     by_rank = {r["ranks"]["this_rank"]["rank"]: r["ranks"]["this_rank"] for r in records}
     table = terminal[terminal.index("each rank, per step"):]
     seen = 0

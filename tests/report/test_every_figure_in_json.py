@@ -90,7 +90,7 @@ def test_explain_lists_each_traces_names_in_the_terminal_and_the_json():
     assert "a100_alexnet_single: 'gemm' on the GPU" in terminal and "h100_qwen1.5-0.5b_hf_memory: 'gemm' on the GPU" \
         in terminal.replace("\n", " ")
     assert max(len(line) for line in terminal.splitlines()) <= 80
-    for record in json.loads(runner.invoke(app, ["breakdown", *paths, "--explain", "gemm", "-f", "json"]).output):
+    for record in json.loads(runner.invoke(app, ["breakdown", *paths, "--explain", "gemm", "-f", "json"]).output)["runs"]:
         names = record["explain"]["names"]
         gpu = sum(n["seconds"] for n in names if n["resource"] == "gpu")
         assert gpu == pytest.approx(record["time"]["gemm"]) and gpu > 0
