@@ -40,7 +40,7 @@ MEASURES = (
     Measure("LoRA", "adapter", "none", ("lora",), ("lora_r", "lora_alpha", "lora_dropout", "lora_targets",
                                                    "learning_rate")),
     Measure("4-bit weights", "quantization", None, ("nf4", "fp4"), ("double_quant",)),
-    Measure("Gradient checkpointing", "gradient_checkpointing", False, (True,)),
+    Measure("gradient checkpointing", "gradient_checkpointing", False, (True,)),
     Measure("ZeRO-2", "zero_stage", 0, (2,), SHARDING, {"fsdp": False}),
     Measure("ZeRO-3", "zero_stage", 0, (3,), SHARDING, {"fsdp": False}),
     Measure("FSDP", "fsdp", False, (True,), SHARDING, {"zero_stage": 0}),

@@ -42,6 +42,11 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%" if abs(x) < 0.01 else f"{100 * x:+.0f}%"
 
 
+def _sentence(name: str) -> str:
+    """A measure's name opening a sentence ("LoRA" stays as it is)."""
+    return name[0].upper() + name[1:]
+
+
 def _pair(p: pd.Series, value: str = "peak_change") -> str:
     return f"{p.run} vs {p.base}: {_pct(p[value])}"
 
@@ -76,7 +81,7 @@ def _saved(measure: str, pairs: pd.DataFrame) -> str:
     pairs = pairs.sort_values("peak_change")
     lo, hi = pairs.iloc[0], pairs.iloc[-1]
     n = len(pairs)
-    head = f"{measure} ({n} pair{'s' if n > 1 else ''})"
+    head = f"{_sentence(measure)} ({n} pair{'s' if n > 1 else ''})"
     if n == 1:
         text = (f"{head}, {lo.run} vs {lo.base}: peak {_pct(lo.peak_change)} ({human_bytes(lo.base_peak_bytes)} -> "
                 f"{human_bytes(lo.peak_bytes)})")
@@ -84,7 +89,7 @@ def _saved(measure: str, pairs: pd.DataFrame) -> str:
         text = (f"{head}: peak from {_pct(lo.peak_change)} ({lo.run} vs {lo.base}: {human_bytes(lo.base_peak_bytes)} "
                 f"-> {human_bytes(lo.peak_bytes)}) to {_pct(hi.peak_change)} ({hi.run} vs {hi.base}: "
                 f"{human_bytes(hi.base_peak_bytes)} -> {human_bytes(hi.peak_bytes)})")
-    if measure == "Gradient checkpointing" and pairs.activation_peak_change.notna().any():
+    if measure == "gradient checkpointing" and pairs.activation_peak_change.notna().any():
         a = pairs.dropna(subset=["activation_peak_change"]).sort_values("activation_peak_change")
         first, last = a.iloc[0], a.iloc[-1]
         text += (f"; the activation peak (activations at their own largest, which is what it changes) from "
@@ -104,7 +109,7 @@ def _saving(pairs: pd.DataFrame) -> Answer:
         lo, hi = g.peak_change.min(), g.peak_change.max()
         span = _pct(lo) if len(g) == 1 else f"{_pct(lo)} to {_pct(hi)}"
         extra = ""
-        if measure == "Gradient checkpointing" and g.activation_peak_change.notna().any():
+        if measure == "gradient checkpointing" and g.activation_peak_change.notna().any():
             a = g.activation_peak_change.dropna()
             extra = f"; activation peak {_pct(a.min())} to {_pct(a.max())}"
         ranges.append(f"{measure} {span} ({len(g)} pair{'s' if len(g) > 1 else ''}{extra})")
@@ -134,7 +139,7 @@ def _nothing(pairs: pd.DataFrame, glance: pd.DataFrame) -> Answer:
                      "backward": "in the backward pass"}.get(top.peak_phase, "")
             why = (f". {top.run}'s peak{(' falls ' + where + ' and') if where else ''} is "
                    f"{o.memory_first_share:.0%} {o.memory_first}")
-        points.append(f"{measure} did not lower the peak by {NOTHING:.0%} or more in {len(g)} of {total} pairs "
+        points.append(f"{_sentence(measure)} did not lower the peak by {NOTHING:.0%} or more in {len(g)} of {total} pairs "
                       f"({_listed(g)}){why}; {_time(g)}.")
     counts = ", ".join(f"{m} in {len(g)} of {int((pairs.measure == m).sum())}"
                        for m, g in useless.groupby("measure", sort=False))

@@ -107,16 +107,19 @@ def render_markdown(bd: Breakdown, images: list[Path], command: str | None,
     per-family tables, plots), then each run's details and how it was all recorded."""
     parts = ["# profkit report", "", _summary_line(bd), ""]
     glance = at_a_glance(bd, budget_bytes)
+    # The table and the answers side by side in the HTML (one line a run), so that both are on a laptop's first
+    # screen; one after the other in the Markdown.
+    parts += ['<div class="first" markdown="1">', '<div markdown="1">', ""]
     if not glance.empty:
-        # One line a run, so that the table and the answers share the first screen.
         parts += ["## At a glance", "", tables.glance_cells(glance, ", ").to_markdown(index=False), ""]
-        parts += [" ".join(tables.glance_notes(glance, budget_bytes, reasons=False))]
-    parts += ["", "## Answers", ""]
+        parts += [" ".join(tables.glance_notes(glance, budget_bytes, reasons=False)), ""]
+    parts += ["</div>", '<div markdown="1">', "", "## Answers", ""]
     for a in answers(bd, budget_bytes):
         parts += [f"**{a.question}** {a.lead}", ""]
         if a.points:  # the runs behind each figure, one click away in the HTML
             parts += ['<details markdown="1"><summary>the runs behind it</summary>', ""]
             parts += [f"- {p}" for p in a.points] + ["", "</details>", ""]
+    parts += ["</div>", "</div>", ""]
     flagged = findings.flags(bd)
     if flagged:
         parts += ["## Flagged runs", ""] + [f"- {s}" for s in flagged] + [""]
@@ -301,6 +304,8 @@ def render_html(text: str, image_dir: Path) -> str:
     style = ("body{font-family:system-ui,sans-serif;max-width:1240px;margin:0.6em auto;padding:0 1em;line-height:1.35;"
              "font-size:14px}h1{font-size:20px;margin:0.2em 0}h2{font-size:16px;margin:0.8em 0 0.3em}"
              "p{margin:0.3em 0}summary{color:#555;cursor:pointer}"
+             ".first{display:grid;grid-template-columns:auto minmax(330px,1fr);gap:0 1.5em;align-items:start}"
+             ".first p,.first li{font-size:13px}@media (max-width:1100px){.first{display:block}}"
              "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:1px 6px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}img{max-width:100%}code,pre{background:#f4f4f4}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>profkit report</title><style>{style}</style></head><body>{body}</body></html>\n"

@@ -114,7 +114,7 @@ def ranked(bd: Breakdown) -> list[Finding]:
     v = _View(bd)
     out: list[Finding] = []
     pairs = measure_pairs(bd)
-    gc = pairs[(pairs.measure == "Gradient checkpointing") & pairs.base.map(lambda r: not v.sharded(r))]
+    gc = pairs[(pairs.measure == "gradient checkpointing") & pairs.base.map(lambda r: not v.sharded(r))]
     for _, p in gc.iterrows():
         out.append(_checkpointing(v, p))
     for lora, full in v.pairs(PLAIN_LORA, {"adapter": "none", "lora_r": None, "lora_targets": ()}):

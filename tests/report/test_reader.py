@@ -117,3 +117,18 @@ def test_disturbance_rules():
 def test_a_bad_budget_is_a_usage_error(matrix):
     result = CliRunner().invoke(app, ["breakdown", str(matrix / "lora"), "--budget", "lots"])
     assert result.exit_code == 2 and "--budget" in result.output and "8GiB" in result.output
+
+
+def test_the_first_screen_holds_the_table_and_the_answers(matrix, tmp_path):
+    """The HTML opens with the at-a-glance table and the answers side by side, before any other section (the
+    committed screenshot, reports/tiny-cpu/first_screen.png, shows it at 1280x800)."""
+    from profkit.report.document import write_report
+
+    rep = write_report([matrix / r for r in ("full", "full_gc", "lora", "qlora", "infer_fp16")], tmp_path / "r")
+    html = rep.html_path.read_text()
+    first = html[html.index('<div class="first">'):]
+    assert first.index("At a glance") < first.index("<table") < first.index("Answers") < first.index("</div>\n</div>")
+    before = html[:html.index('<div class="first">')]
+    assert "<h2" not in before and "<table" not in before
+    for a in answers(rep.breakdown):
+        assert a.question in first
