@@ -41,7 +41,9 @@ def test_a_method_against_itself_claims_no_difference(repeated):
     bd = breakdown([repeated])
     (sentence,) = findings.delta_sentences(bd, "lora/rep0")
     assert "no measurable time difference in any category" in sentence
-    assert "clean step: no measurable difference" in sentence
+    # On a busy machine a repetition's clean steps may look disturbed: then they are not compared at all.
+    disturbed = bd.runs.disturbed.map(lambda d: isinstance(d, str)).any()
+    assert ("clean step not compared" if disturbed else "clean step: no measurable difference") in sentence
     out = run_cli("breakdown", str(repeated), env={"COLUMNS": "80"})
     assert out.returncode == 0 and "Step times" in out.stdout and "median" in out.stdout
 

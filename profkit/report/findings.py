@@ -367,12 +367,15 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
     (``analyze.noise``); the rest is said to be within the noise, with the band."""
     d = tables.deltas(bd, baseline)
     tim = views.time_per_step(bd)
+    runs = bd.runs.set_index("run")
     out = []
     for run, g in d.groupby("run", sort=False):
         pieces = []
         m = g[g.kind == "memory"]
         m = m.reindex(m.delta.abs().sort_values(ascending=False).index).head(top)
         pieces += [f"{c} {signed_bytes(v)}" for c, v in zip(m.category, m.delta)]
+        disturbed = [r for r in (baseline, run) if isinstance(runs.loc[r].get("disturbed"), str)] \
+            if run in runs.index and baseline in runs.index else []
         t = g[g.kind == "time"]
         real, within = [], []
         for c, v in zip(t.category, t.delta):
@@ -387,7 +390,9 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
                           (f" in {len(within)} other categories" if real else "") +
                           " (within the runs' step-to-step spread)")
         clean = noise.clean_step(bd, baseline, run)
-        if pd.notna(clean.value):
+        if disturbed:  # the profiled steps' categories are still compared (their own spreads); the clean step not
+            pieces.append(f"clean step not compared: the clean steps of {' and '.join(disturbed)} look disturbed")
+        elif pd.notna(clean.value):
             pieces.append(f"clean step {signed_ms(clean.value)} (steps {clean.ranges(human_seconds)})"
                           if clean.measurable else
                           f"clean step: no measurable difference ({signed_ms(clean.value)}; steps "

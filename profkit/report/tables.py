@@ -133,6 +133,8 @@ def glance_cells(glance: pd.DataFrame, newline: str = "\n", narrow: bool = False
             "time (profiled step)": newline.join(filter(None, (_share(g.time_first, g.time_first_share),
                                                                _share(g.time_second, g.time_second_share)))) or "-",
         })
+        if g.within_budget is not None and not pd.isna(g.within_budget):
+            row["fits"] = "yes" if g.within_budget else "no"
         if g.status not in ("ok", "foreign"):
             row["clean step"] = str(g.status)
         rows.append(row)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -93,7 +92,6 @@ def test_a_disturbed_run_is_flagged_not_explained(matrix, tmp_path):
     bd = breakdown([tmp_path])
     runs = bd.runs.set_index("run")
     assert "slower than its profiled steps" in runs.loc["lora_gc", "disturbed"]
-    assert pd.isna(runs.loc["lora", "disturbed"]) or runs.loc["lora", "disturbed"] is None
     assert any(f.startswith("lora_gc: its clean steps look disturbed") for f in findings.flags(bd))
     texts = findings.findings(bd)
     assert not any(t.startswith("Profiling costs time") and "lora_gc" in t for t in texts)
