@@ -20,13 +20,14 @@ GLANCE_COLUMNS = ["run", "kind", "status", "peak_bytes", "reserved_bytes", "clea
                   "memory_second_share", "time_first", "time_first_share", "time_second", "time_second_share",
                   "within_budget", "disturbed"]
 MEASURED = ("ok", "foreign")
+SMALLEST_SHARE = 0.005  # an owner or category below half a percent would read "0%": not named
 
 
 def _top_two(row: pd.Series | None) -> list[tuple[str | None, float]]:
     if row is None:
         return [(None, math.nan)] * 2
     row = row.dropna()
-    row = row[row > 0].sort_values(ascending=False)
+    row = row[row >= SMALLEST_SHARE].sort_values(ascending=False)
     top = [(str(c), float(v)) for c, v in row.head(2).items()]
     return top + [(None, math.nan)] * (2 - len(top))
 
