@@ -8,11 +8,11 @@ import pandas as pd
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.memory import MEMORY_CATEGORIES
 from profkit.core.methods import METHODS
-from tests.conftest import run_cli
+from tests.conftest import invoke
 
 
 def test_json_has_one_object_per_run_reconciled(matrix):
-    result = run_cli("breakdown", str(matrix), "--format", "json")
+    result = invoke("breakdown", str(matrix), "--format", "json")
     assert result.returncode == 0, result.stderr
     records = json.loads(result.stdout)["runs"]
     assert [r["run"] for r in records] == sorted(METHODS)
@@ -26,21 +26,21 @@ def test_json_has_one_object_per_run_reconciled(matrix):
 
 
 def test_csv_is_one_row_per_run(matrix):
-    result = run_cli("breakdown", str(matrix), "--format", "csv")
+    result = invoke("breakdown", str(matrix), "--format", "csv")
     df = pd.read_csv(io.StringIO(result.stdout))
     assert sorted(df.run) == sorted(METHODS)
     assert {"memory.activations", "time.gemm", "measured_peak_bytes", "status"} <= set(df.columns)
 
 
 def test_table_and_markdown_show_deltas_against_the_baseline(matrix):
-    table = run_cli("breakdown", str(matrix), "--baseline", "lora")
+    table = invoke("breakdown", str(matrix), "--baseline", "lora")
     assert table.returncode == 0, table.stderr
     assert "lora_gc vs lora:" in table.stdout and "activations -" in table.stdout
-    md = run_cli("breakdown", str(matrix), "--format", "markdown")
+    md = invoke("breakdown", str(matrix), "--format", "markdown")
     assert "## Memory at the peak (MiB)" in md.stdout and "vs full:" in md.stdout
 
 
 def test_explain_lists_names_in_a_category(matrix):
-    result = run_cli("breakdown", str(matrix / "lora"), "--explain", "gemm")
+    result = invoke("breakdown", str(matrix / "lora"), "--explain", "gemm")
     assert result.returncode == 0
     assert "aten::" in result.stdout

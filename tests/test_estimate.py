@@ -16,7 +16,7 @@ from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
 from profkit.core.units import parse_bytes
 from profkit.predict.estimate import nf4_bytes
-from tests.conftest import TINY_TRAINING, run_cli
+from tests.conftest import invoke, run_cli, TINY_TRAINING
 
 TRAINING = TINY_TRAINING  # what the tiny fixture records
 EXACT = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
@@ -58,18 +58,18 @@ def test_prediction_matches_the_storage_lifetimes_too(tiny_training, name):
 
 
 def test_breakdown_shows_predicted_beside_measured(tiny_training):
-    table = run_cli("breakdown", str(tiny_training / "lora_gc"))
+    table = invoke("breakdown", str(tiny_training / "lora_gc"))
     assert table.returncode == 0, table.stderr
     assert "error against measured" in table.stdout and "│ activations" in table.stdout
-    markdown = run_cli("breakdown", str(tiny_training / "lora_gc"), "--format", "markdown").stdout
+    markdown = invoke("breakdown", str(tiny_training / "lora_gc"), "--format", "markdown").stdout
     assert "## Memory predicted / measured (error)" in markdown and "activations (forward)" in markdown
-    records = json.loads(run_cli("breakdown", str(tiny_training / "lora_gc"), "--format", "json").stdout)
+    records = json.loads(invoke("breakdown", str(tiny_training / "lora_gc"), "--format", "json").stdout)["runs"]
     compared = {r["category"]: r for r in records[0]["predicted_vs_measured"]}
     assert compared["gradients"]["phase"] == "optimizer" and compared["activations"]["phase"] == "forward"
 
 
 def _estimate_json(*args):
-    result = run_cli("estimate", *args, "--format", "json")
+    result = invoke("estimate", *args, "--format", "json")
     assert result.returncode == 0, result.stderr
     return {e["method"]: e for e in json.loads(result.stdout)}
 
@@ -129,13 +129,13 @@ def test_zero_partitions_across_ranks():
     (["lora", "--world-size", "2"], "needs a ZeRO or FSDP method"),
 ])
 def test_estimate_bad_input_exits_2(args, message):
-    result = run_cli("estimate", *args)
+    result = invoke("estimate", *args)
     assert result.returncode == 2
     assert message in result.stderr
 
 
 def test_recommend_ranks_measured_runs_by_step_time(tiny_training):
-    result = run_cli("recommend", str(tiny_training), "--budget", "200MiB")
+    result = invoke("recommend", str(tiny_training), "--budget", "200MiB")
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if "measured" in line and "MiB" in line]
     assert rows and "zero" not in " ".join(rows)  # ZeRO's 2 GB reduce bucket does not fit
@@ -145,14 +145,14 @@ def test_recommend_ranks_measured_runs_by_step_time(tiny_training):
 
 
 def test_recommend_without_runs_uses_the_estimate():
-    result = run_cli("recommend", "--budget", "8GiB", "--preset", "llama-3.2-3b")
+    result = invoke("recommend", "--budget", "8GiB", "--preset", "llama-3.2-3b")
     assert result.returncode == 0, result.stderr
     assert "qlora_gc" in result.stdout and "estimated" in result.stdout
     assert " full " not in result.stdout
 
 
 def test_recommend_when_nothing_fits_shows_the_closest(tiny_training):
-    result = run_cli("recommend", str(tiny_training), "--budget", "1MiB")
+    result = invoke("recommend", str(tiny_training), "--budget", "1MiB")
     assert result.returncode == 1
     assert "Nothing fits" in result.stdout and "closest" in result.stdout
 

@@ -13,7 +13,7 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
 from profkit.predict.estimate import kv_cache_bytes
-from tests.conftest import recorded, run_cli
+from tests.conftest import invoke, recorded, run_cli
 
 
 @pytest.mark.parametrize("method", ["infer_fp16", "infer_int4"])
@@ -40,7 +40,7 @@ def test_prefill_decode_latency_and_kv_cache(matrix, method):
 
 
 def test_breakdown_shows_generation_latency(matrix):
-    out = run_cli("breakdown", str(matrix / "infer_fp16"), env={"COLUMNS": "80"})
+    out = invoke("breakdown", str(matrix / "infer_fp16"), env={"COLUMNS": "80"})
     assert out.returncode == 0 and "TTFT" in out.stdout and "KV cache" in out.stdout
     assert all(len(line) <= 80 for line in out.stdout.splitlines())
 

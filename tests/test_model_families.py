@@ -17,7 +17,7 @@ from profkit.core.methods import get_method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import build_model, make_optimizer, tokenizer_for
 from profkit.predict.estimate import EstimateError, estimate
-from tests.conftest import run_cli
+from tests.conftest import invoke
 
 QUICK = dict(warmup_steps=0, timed_steps=1, profiled_steps=1, memory_steps=1)
 SMALL = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4, vocab_size=4096)
@@ -139,7 +139,7 @@ def test_what_cannot_be_built_is_refused_with_its_reason(config, method, reason)
 
 
 def test_the_moe_preset_through_the_cli():
-    result = run_cli("estimate", "full", "qlora", "--preset", "micro-moe", "--format", "json")
+    result = invoke("estimate", "full", "qlora", "--preset", "micro-moe", "--format", "json")
     assert result.returncode == 0, result.stderr
     estimates = {e["method"]: e for e in json.loads(result.stdout)}
     assert estimates["qlora"]["params"]["quantized"] > 0

@@ -10,7 +10,7 @@ import pytest
 from profkit import store
 from profkit.analyze import breakdown, noise, views
 from profkit.report import findings
-from tests.conftest import run_cli
+from tests.conftest import invoke, run_cli
 
 REPEATABLE = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "4", "--profiled-steps", "2"]
 
@@ -44,7 +44,7 @@ def test_a_method_against_itself_claims_no_difference(repeated):
     # On a busy machine a repetition's clean steps may look disturbed: then they are not compared at all.
     disturbed = bd.runs.disturbed.map(lambda d: isinstance(d, str)).any()
     assert ("clean step not compared" if disturbed else "clean step: no measurable difference") in sentence
-    out = run_cli("breakdown", str(repeated), env={"COLUMNS": "80"})
+    out = invoke("breakdown", str(repeated), env={"COLUMNS": "80"})
     assert out.returncode == 0 and "Step times" in out.stdout and "median" in out.stdout
 
 

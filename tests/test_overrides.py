@@ -12,7 +12,7 @@ import pytest
 from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
-from tests.conftest import FAST, run_cli
+from tests.conftest import invoke, run_cli, FAST
 
 QUICK_TINY = ["--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1", "--profiled-steps", "1"]
 
@@ -83,7 +83,7 @@ def test_estimate_any_config_directory_with_settings(tmp_path):
               "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True, "hidden_act": "silu",
               "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    out = run_cli("estimate", "qlora_gc", "--model", str(tmp_path), "--lora-rank", "64", "--lora-targets",
+    out = invoke("estimate", "qlora_gc", "--model", str(tmp_path), "--lora-rank", "64", "--lora-targets",
                   "all-linear", "--seq-len", "4096", "--batch-size", "2", "--optimizer", "paged-adamw-8bit",
                   "--format", "json")
     assert out.returncode == 0, out.stderr

@@ -20,7 +20,7 @@ import pytest
 from profkit import store
 from profkit.analyze import breakdown, ranks
 from profkit.report import findings
-from tests.conftest import FAST, recorded, run_cli, terminal_session, torchrun
+from tests.conftest import invoke, recorded, run_cli, terminal_session, torchrun, FAST
 
 NPROC = ["--nproc", "2"]
 # With the rank fixture's lora_zero3 and qlora_zero2 on micro, every LoRA and QLoRA ZeRO method is held at two ranks.
@@ -177,7 +177,7 @@ def test_cpu_communication_exposed_and_overlapped_add_up_to_the_collectives_time
 
 
 def test_breakdown_cli_on_a_multi_rank_run_fits_80_columns(two_ranks):
-    out = run_cli("breakdown", str(two_ranks), env={"COLUMNS": "80"})
+    out = invoke("breakdown", str(two_ranks), env={"COLUMNS": "80"})
     assert out.returncode == 0, out.stderr
     assert "memory on each rank" in out.stdout and "time per step across ranks" in out.stdout
     assert all(len(line) <= 80 for line in out.stdout.splitlines())
@@ -310,7 +310,7 @@ def test_the_trainer_on_several_cpu_ranks_is_unsupported_with_the_reason(tmp_pat
 def test_fsdp_beside_zero3_is_a_finding(fsdp_ranks, two_ranks):
     """The same LoRA on two ranks, sharded by FSDP2 and by ZeRO-3 (the rank fixture's run)."""
     bd = breakdown([fsdp_ranks / "lora_fsdp-nproc2", two_ranks / "lora_zero3-nproc2"])
-    said = [s for s in findings.findings(bd) if s.startswith("FSDP2 (")]
+    said = sorted(s for s in findings.findings(bd) if s.startswith("FSDP2 ("))  # ranked by size: rank 0 first here
     assert len(said) == 2, said  # one per rank
     assert said[0].startswith("FSDP2 (lora_fsdp-nproc2/rank0) beside ZeRO-3 (lora_zero3-nproc2/rank0), rank 0 of 2")
     assert "gathered at FSDP's peak" in said[0] and "communication" in said[0]

@@ -18,7 +18,7 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
 from profkit.store.manifest import SCHEMA_VERSION
-from tests.conftest import run_cli
+from tests.conftest import invoke, run_cli
 
 README = Path(__file__).parent.parent / "README.md"
 QUICK = dict(warmup_steps=0, timed_steps=1, profiled_steps=1, memory_steps=1)  # 5 steps
@@ -84,7 +84,7 @@ def test_readme_examples_record_and_break_down(tmp_path):
         assert p.loc["parameters_trainable", "error"] == 0 and p.loc["optimizer_state", "error"] == 0
         assert abs(p.loc["activations", "error"]) < 0.15
     assert bd.records["my_trainer"].engine_config["trainer"]["max_steps"] == 12
-    table = run_cli("breakdown", *map(str, runs), env={"COLUMNS": "80"})
+    table = invoke("breakdown", *map(str, runs), env={"COLUMNS": "80"})
     assert table.returncode == 0, table.stderr
     assert "my_trainer" in table.stdout and "Traceback" not in table.stderr
 
@@ -221,7 +221,7 @@ def test_an_unknown_manifest_schema_is_named_not_guessed(tmp_path, matrix):
     shutil.copytree(matrix / "lora", run)
     record = json.loads((run / "manifest.json").read_text())
     (run / "manifest.json").write_text(json.dumps({**record, "schema_version": 99}))
-    result = run_cli("breakdown", str(run), str(matrix / "lora"))
+    result = invoke("breakdown", str(run), str(matrix / "lora"))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "schema version 99" in result.stderr and "lora" in result.stdout
 
@@ -255,7 +255,7 @@ def test_trainer_engine_records_beside_the_loop_and_the_breakdown_says_why_they_
     # The estimate knows each engine's bucket: the peak prediction follows the Trainer's config too.
     pred = bd.predicted[(bd.predicted.run == "lora_zero2-trainer") & (bd.predicted.category == "peak")]
     assert abs(float(pred.error.iloc[0])) < 0.5
-    table = run_cli("breakdown", str(engines), env={"COLUMNS": "80"})
+    table = invoke("breakdown", str(engines), env={"COLUMNS": "80"})
     assert "500,000,000 elements" in table.stdout and "4,096 under the Trainer" in table.stdout.replace("\n", " ")
 
 

@@ -48,9 +48,11 @@ MEASURES = (
 # Settings that name a run rather than change what it does.
 NOT_A_SETTING = {"name", "description", "variant"}
 
+# Changes are fractions (new / old - 1) and ratios (new / old): a sentence says "+9%" or, beyond doubling, "5.9x".
 MEASURE_COLUMNS = ["measure", "base", "run", "kind", "base_peak_bytes", "peak_bytes", "peak_change", "peak_ratio",
-                   "base_activation_peak_bytes", "activation_peak_bytes", "activation_peak_change", "peak_phase",
-                   "base_clean_step_s", "clean_step_s", "clean_step_change", "time_verdict"]
+                   "base_activation_peak_bytes", "activation_peak_bytes", "activation_peak_change",
+                   "activation_peak_ratio", "peak_phase", "base_clean_step_s", "clean_step_s", "clean_step_change",
+                   "clean_step_ratio", "time_verdict"]
 
 
 def shape(bd: Breakdown, run: str) -> dict:
@@ -114,9 +116,11 @@ def measure_pairs(bd: Breakdown) -> pd.DataFrame:
                     "base_activation_peak_bytes": ra.activation_peak_bytes,
                     "activation_peak_bytes": rb.activation_peak_bytes,
                     "activation_peak_change": _change(rb.activation_peak_bytes, ra.activation_peak_bytes),
+                    "activation_peak_ratio": _change(rb.activation_peak_bytes, ra.activation_peak_bytes) + 1,
                     "peak_phase": peak_phase(bd, b),
                     "base_clean_step_s": ra.clean_step_time_s, "clean_step_s": rb.clean_step_time_s,
                     "clean_step_change": _change(rb.clean_step_time_s, ra.clean_step_time_s),
+                    "clean_step_ratio": _change(rb.clean_step_time_s, ra.clean_step_time_s) + 1,
                     "time_verdict": time_verdict(bd, a, b),
                 })
     return pd.DataFrame(rows, columns=MEASURE_COLUMNS)

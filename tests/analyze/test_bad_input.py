@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from profkit.analyze import breakdown
-from tests.conftest import GPU_TRACES, run_cli
+from tests.conftest import invoke, GPU_TRACES
 
 GOOD = GPU_TRACES / "a100_distributed_rank0.json.gz"
 
@@ -56,12 +56,12 @@ def test_trace_without_profiler_steps_is_analysed_with_a_note(tmp_path):
 
 
 def test_cli_exit_codes(mixed):
-    result = run_cli("breakdown", str(mixed))
+    result = invoke("breakdown", str(mixed))
     assert result.returncode == 1
     assert "truncated.json.gz" in result.stderr and "corrupt.json" in result.stderr
     assert "good" in result.stdout
-    assert run_cli("breakdown", str(GOOD)).returncode == 0
-    assert run_cli("breakdown", str(GOOD), "--explain", "nonsense").returncode == 2
+    assert invoke("breakdown", str(GOOD)).returncode == 0
+    assert invoke("breakdown", str(GOOD), "--explain", "nonsense").returncode == 2
 
 
 @pytest.mark.parametrize("trace", ["a100_alexnet_single.json.gz", "h100_qwen1.5-0.5b_hf_memory.json.gz"])

@@ -9,7 +9,7 @@ import pytest
 
 from profkit.analyze import breakdown, ranks
 from profkit.report import findings
-from tests.conftest import GPU_TRACES, run_cli
+from tests.conftest import invoke, GPU_TRACES
 
 DLRM = GPU_TRACES / "dlrm_8rank"
 
@@ -74,7 +74,7 @@ def test_two_ranks_of_a_larger_job_and_the_cli(tmp_path):
     bd = breakdown([tmp_path])
     (group, runs), = ranks.groups(bd).items()
     assert group.endswith("(2 of 128 ranks)") and len(runs) == 2
-    out = run_cli("breakdown", str(DLRM), env={"COLUMNS": "80"})
+    out = invoke("breakdown", str(DLRM), env={"COLUMNS": "80"})
     assert out.returncode == 0 and "time per step across ranks" in out.stdout and "start skew" in out.stdout
 
 

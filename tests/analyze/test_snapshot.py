@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from profkit.analyze.snapshot import SnapshotError, analyse_snapshot, load_snapshot
-from tests.conftest import DATA, run_cli
+from tests.conftest import invoke, DATA
 
 SNAPSHOTS = DATA / "cuda-snapshots"
 ALL = sorted(SNAPSHOTS.glob("*.pickle"))
@@ -142,7 +142,7 @@ def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
     with pytest.raises(SnapshotError, match="refused to load posix.system|refused to load os.system"):
         load_snapshot(path)
     assert not marker.exists()
-    out = run_cli("snapshot", str(path), str(SNAPSHOTS / "cs336_small_segment_alloc.pickle"))
+    out = invoke("snapshot", str(path), str(SNAPSHOTS / "cs336_small_segment_alloc.pickle"))
     assert out.returncode == 1 and "evil.pickle" in out.stderr and "refused" in out.stderr
     assert "cs336_small_segment_alloc.pickle" in out.stdout and not marker.exists()
     assert "Traceback" not in out.stderr
@@ -159,16 +159,16 @@ def test_memory_viz_html_export_is_read(tmp_path):
 
 
 def test_cli_every_fixture_every_format(tmp_path):
-    out = run_cli("snapshot", *map(str, ALL), "--plot", str(tmp_path / "t.png"), env={"COLUMNS": "80"})
+    out = invoke("snapshot", *map(str, ALL), "--plot", str(tmp_path / "t.png"), env={"COLUMNS": "80"})
     assert out.returncode == 0, out.stderr
     assert all(len(line) <= 80 for line in out.stdout.splitlines())
     assert "largest free block" in out.stdout and "live at the allocated peak" in out.stdout
     assert len(list(tmp_path.glob("t-*.png"))) >= 5
-    js = json.loads(run_cli("snapshot", str(ALL[0]), "--format", "json").stdout)
+    js = json.loads(invoke("snapshot", str(ALL[0]), "--format", "json").stdout)
     assert js[str(ALL[0])]["devices"][0]["reserved_bytes"] == sum(s["total_size"] for s in raw(ALL[0])["segments"])
-    csv = run_cli("snapshot", str(ALL[0]), "--format", "csv").stdout
+    csv = invoke("snapshot", str(ALL[0]), "--format", "csv").stdout
     assert csv.startswith("snapshot,table,device,name,value")
-    md = run_cli("snapshot", str(ALL[0]), "--format", "markdown")
+    md = invoke("snapshot", str(ALL[0]), "--format", "markdown")
     assert md.returncode == 0 and "reserved_bytes" in md.stdout
 
 

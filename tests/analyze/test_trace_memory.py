@@ -8,7 +8,7 @@ import pytest
 
 from profkit.analyze import breakdown
 from profkit.analyze.trace_memory import BEFORE
-from tests.conftest import GPU_TRACES, run_cli
+from tests.conftest import invoke, GPU_TRACES
 
 WITH_TOTALS = ["v100_2rank_rank1_memory_events.json.gz", "h100_qwen1.5-0.5b_hf_memory.json.gz",
                "mi300x_qwen1.5-0.5b_hf_memory.json.gz"]
@@ -59,7 +59,7 @@ def test_an_older_schema_without_addresses_says_what_it_cannot_know():
 
 
 def test_cli_shows_the_live_table_and_no_empty_tables():
-    out = run_cli("breakdown", str(GPU_TRACES / "v100_2rank_rank1_memory_events.json.gz"),
+    out = invoke("breakdown", str(GPU_TRACES / "v100_2rank_rank1_memory_events.json.gz"),
                   str(GPU_TRACES / "a100_distributed_rank0.json.gz"), env={"COLUMNS": "80"})
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.split())  # lines wrap at 80 columns
