@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from transformers import AutoConfig
 
 from profkit.core import gpus
-from profkit.core.methods import METHODS
+from profkit.core.methods import METHODS, get_method
 from profkit.core.presets import get_preset
+from profkit.core.settings import RunSettings
 from profkit.predict.step_time import CALIBRATION, predict, step_work
 from typer.testing import CliRunner
 
@@ -117,3 +120,30 @@ def test_recommend_ranks_by_the_predicted_step_time_and_says_so():
     times = [float(r[4].strip().removesuffix(" ms")) for r in rows if r[4].strip().endswith(" ms")]
     assert times == sorted(times) and len(times) == len(rows)
     assert "step time predicted from the step's work" in result.stdout and "not measured" in result.stdout
+
+
+def test_a_gpu_run_carries_its_predicted_step_time_and_the_breakdown_sets_it_beside_the_measured():
+    """The worker predicts the step time on the run's GPU before the run (on the meta device: this runs without
+    one), and the analysis compares each category with the kernel time the trace measured."""
+    from profkit.analyze.predicted import predicted_time
+    from profkit.launch.worker import predict as worker_predict
+
+    settings = RunSettings(method="lora", preset="micro", device="cuda")
+    est = worker_predict(get_method("lora"), settings, "cuda", "NVIDIA H100 80GB HBM3")
+    step = est["step_time"]
+    assert step["predicted"] and step["gpu"] == "H100-SXM" and step["step_time_s"] > 0
+    assert "instants" in est  # the memory estimate is still there
+    unknown = worker_predict(get_method("lora"), settings, "cuda", "Imaginary GPU 9000")
+    assert "'Imaginary GPU 9000' is not in profkit's GPU table" in unknown["step_time"]["error"]
+    assert "step_time" not in worker_predict(get_method("lora"), replace(settings, device="cpu"), "cpu", "x86_64")
+
+    by_category = step["seconds_by_category"]
+    time = pd.DataFrame([{"resource": "gpu", "category": c, "seconds": 2 * s, "overlapped_seconds": 0.0}
+                         for c, s in by_category.items()]
+                        + [{"resource": "cpu", "category": "gemm", "seconds": 1.0, "overlapped_seconds": 0.0}])
+    compared = predicted_time(est, time, clean_step_s=step["step_time_s"] / 2).set_index("category")
+    assert "host_overhead" not in compared.index
+    for category in set(by_category) - {"host_overhead"}:
+        assert compared.loc[category, "error"] == pytest.approx(-0.5)  # predicted half of what was measured
+    assert compared.loc["step", "error"] == pytest.approx(1.0)
+    assert predicted_time({"instants": {}}, time, 1.0).empty  # no prediction: nothing compared

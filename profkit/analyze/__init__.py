@@ -26,7 +26,8 @@ from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline
                                     compare_sources, cpu_allocation_peak, disagreements, kv_cache_at, load_timeline,
                                     phase_windows)
 from profkit.analyze.disturbed import disturbance
-from profkit.analyze.predicted import PREDICTED_COLUMNS, predicted_vs_measured
+from profkit.analyze.predicted import (PREDICTED_COLUMNS, PREDICTED_TIME_COLUMNS, predicted_time,
+                                      predicted_vs_measured)
 from profkit.analyze.time import analyze_time
 from profkit.analyze.trace import TraceError, load_trace
 from profkit.analyze.snapshot import SnapshotError, analyse_snapshot, load_snapshot
@@ -103,6 +104,8 @@ class Breakdown:
     # Traces with shapes: each time category's work (FLOPs, bytes) per step against its time, and on a known
     # GPU the roof that bounds it (run, method, resource, *analyze.efficiency.EFFICIENCY_COLUMNS).
     efficiency: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # GPU runs: the step time predicted before the run (``estimate --gpu``) beside the measured, per category.
+    predicted_time: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def failed(self) -> bool:
@@ -207,7 +210,7 @@ class _Collected:
         self.runs: list[dict] = []
         self.frames: dict[str, list[pd.DataFrame]] = {k: [] for k in (
             "memory", "time", "time_by_name", "measured", "predicted", "trace_memory", "trace_memory_peaks",
-            "memory_over_time", "time_per_step", "memory_sources", "efficiency")}
+            "memory_over_time", "time_per_step", "memory_sources", "efficiency", "predicted_time")}
         self.notes: dict[str, list[str]] = {}
         self.windows: dict[str, dict] = {}
         self.records: dict[str, RunRecord] = {}
@@ -257,6 +260,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
         time_by_name=c.frame("time_by_name", TIME_BY_NAME_COLUMNS), measured=c.frame("measured"),
         predicted=c.frame("predicted", ["run", "method", *PREDICTED_COLUMNS]),
+        predicted_time=c.frame("predicted_time", ["run", "method", *PREDICTED_TIME_COLUMNS]),
         problems=problems, notes=c.notes, phase_windows=c.windows, records=c.records, snapshots=c.snapshots,
         timelines=c.timelines,
         trace_memory=c.frame("trace_memory", ["run", "method", *LIVE_COLUMNS]),
@@ -430,6 +434,10 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
             c.add("predicted", predicted_vs_measured(estimate, m.rows, m.measured), src.run, method)
         elif "error" in estimate:
             notes.append(f"no memory estimate: {estimate['error']}")
+        if "error" in (estimate.get("step_time") or {}):
+            notes.append(f"no step time predicted: {estimate['step_time']['error']}")
+        elif t is not None:
+            c.add("predicted_time", predicted_time(estimate, t.rows, row.get("clean_step_time_s")), src.run, method)
     except TraceError as exc:
         problems.append(Problem(exc.path, exc.reason))
     except ValueError as exc:

@@ -52,3 +52,28 @@ def _row(category: str, phase: str, predicted: int, measured: int) -> dict:
     error = predicted / measured - 1 if measured else (0.0 if predicted == 0 else None)
     return {"category": category, "phase": phase, "predicted_bytes": int(predicted), "measured_bytes": measured,
             "error": error}
+
+
+PREDICTED_TIME_COLUMNS = ["category", "predicted_s", "measured_s", "error"]
+
+
+def predicted_time(estimate: dict, time: pd.DataFrame, clean_step_s: float | None) -> pd.DataFrame:
+    """A GPU run's step time as ``profkit estimate --gpu`` predicted it before the run (the manifest's
+    ``estimate.step_time``), beside what its trace measured: each predicted category against the GPU's kernel time
+    in it per profiled step (exposed and overlapped together: the prediction does not model overlap), and the
+    step against the clean step. Empty where the run has no such prediction or no GPU time."""
+    step = (estimate or {}).get("step_time") or {}
+    gpu = time[time.resource == "gpu"] if len(time) else time
+    if "seconds_by_category" not in step or gpu.empty:
+        return pd.DataFrame(columns=PREDICTED_TIME_COLUMNS)
+    kernels = gpu.groupby("category")[["seconds", "overlapped_seconds"]].sum().sum(axis=1)
+    rows = [_time_row(c, s, float(kernels.get(c, 0.0))) for c, s in step["seconds_by_category"].items()
+            if c != "host_overhead"]  # the host's launches are not kernel time
+    if clean_step_s:
+        rows.append(_time_row("step", step["step_time_s"], float(clean_step_s)))
+    return pd.DataFrame(rows, columns=PREDICTED_TIME_COLUMNS)
+
+
+def _time_row(category: str, predicted: float, measured: float) -> dict:
+    return {"category": category, "predicted_s": float(predicted), "measured_s": measured,
+            "error": predicted / measured - 1 if measured else None}

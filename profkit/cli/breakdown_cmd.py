@@ -181,6 +181,8 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                 t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
         out.print(t)
 
+    _print_predicted_time(out, bd, label)
+
     tim = views.time_per_step(bd)
     _category_tables(out, "Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)",
                      tim, [r for r in bd.runs.run if r in tim.index], label)
@@ -206,6 +208,25 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         for note in notes:
             if note not in bd.common_notes():
                 out.print(f"[dim]{escape(run)}: {escape(note)}[/]", highlight=False)
+
+
+def _print_predicted_time(out: Console, bd: Breakdown, label: dict[str, str]) -> None:
+    """GPU runs: the step time predicted before the run against the measured, per category (errors)."""
+    p = bd.predicted_time
+    if p.empty:
+        return
+    errors = p.pivot(index="run", columns="category", values="error")
+    for chunk in _chunks(list(errors.index), label, out.width):
+        out.print("Step time predicted by `profkit estimate --gpu`: error against measured", style="italic",
+                  highlight=False)
+        t = Table(caption="each category's kernel time per profiled step; step: the clean step; `--format json` "
+                          "gives the seconds")
+        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
+        for run in chunk:
+            t.add_column(label[run], justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(label[run])))
+        for cat in errors.columns:
+            t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
+        out.print(t)
 
 
 TIME_CAPTION = ("share of the profiled step, then its time as profiled: the profiler's own cost inflates "

@@ -21,15 +21,34 @@ from profkit.store import RunDir
 from profkit.store.manifest import RunRecord, now, record_for
 
 
-def predict(method, settings: RunSettings, device: str) -> dict:
+def predict(method, settings: RunSettings, device: str, device_name: str | None = None) -> dict:
     """The estimator's prediction for this run (one rank's share), or the reason there is none (it never fails
-    the run)."""
+    the run). On a GPU in profkit's table, training's step time on it too (``step_time``), so that the
+    breakdown sets each category's predicted time beside the measured one."""
     try:
         # heavy (torch, transformers, peft): imported in the worker only, where its failure is the run's outcome
         from profkit.predict.estimate import estimate_run
 
-        return estimate_run(method, settings, device, settings.nproc).to_json()
+        out = estimate_run(method, settings, device, settings.nproc).to_json()
     except Exception as exc:  # an estimate is advisory: a model it cannot handle still gets recorded
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if device.startswith("cuda") and method.kind == "train":
+        out["step_time"] = _predict_step_time(method, settings, device_name or "")
+    return out
+
+
+def _predict_step_time(method, settings: RunSettings, device_name: str) -> dict:
+    try:
+        # with the estimate above: the same meta-device model, in the worker only
+        from profkit.core.gpus import UnknownGpu, find
+        from profkit.predict.step_time import predict_run
+
+        try:
+            gpu = find(device_name)
+        except UnknownGpu:
+            return {"error": f"the device {device_name!r} is not in profkit's GPU table"}
+        return predict_run(method, settings, gpu, settings.nproc).to_json()
+    except Exception as exc:  # advisory, as the memory estimate
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
@@ -58,7 +77,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
         device = resolve_device(settings.device)
         record.device = device_info(device)
         # The prediction is made before the run, so an OOM or failed run still carries it.
-        record.estimate = predict(method, settings, device)
+        record.estimate = predict(method, settings, device, record.device.get("name"))
         record.model = {"preset": None if settings.model_path else settings.preset, "path": settings.model_path}
         workload = build(method, settings, device)
 

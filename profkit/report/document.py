@@ -221,11 +221,19 @@ def _predicted_section(bd: Breakdown) -> list[str]:
         return []
     shown = p.assign(predicted=p.predicted_bytes.map(human_bytes), measured=p.measured_bytes.map(human_bytes),
                      error=p.error.map(tables.format_error))
-    return ["", "## Estimate against measurement", "",
-            "`profkit estimate`'s prediction, recorded before each run, beside the measurement. Training: static "
-            "categories and activations at the forward phase's peak, gradients at the optimizer step's; generation: "
-            "weights and activations at the prefill's peak, the KV cache at the last decode pass's.", "",
-            shown[["run", "category", "phase", "predicted", "measured", "error"]].to_markdown(index=False)]
+    out = ["", "## Estimate against measurement", "",
+           "`profkit estimate`'s prediction, recorded before each run, beside the measurement. Training: static "
+           "categories and activations at the forward phase's peak, gradients at the optimizer step's; generation: "
+           "weights and activations at the prefill's peak, the KV cache at the last decode pass's.", "",
+           shown[["run", "category", "phase", "predicted", "measured", "error"]].to_markdown(index=False)]
+    t = bd.predicted_time
+    if len(t):
+        out += ["", "Step time on the run's GPU as `profkit estimate --gpu` predicted it before the run, beside the "
+                    "kernel time measured per profiled step in each category (the step: against the clean step).", "",
+                t.assign(predicted=t.predicted_s.map(human_seconds), measured=t.measured_s.map(human_seconds),
+                         error=t.error.map(tables.format_error))[["run", "category", "predicted", "measured", "error"]]
+                .to_markdown(index=False)]
+    return out
 
 
 def _allocator_sections(bd: Breakdown, images: dict[str, Path]) -> list[str]:

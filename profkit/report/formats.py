@@ -77,6 +77,9 @@ def to_records(bd: Breakdown, explained: str | None = None) -> list[dict]:
         if len(p):
             rec["predicted_vs_measured"] = [
                 {k: _clean(v) for k, v in r.items() if k not in ("run", "method")} for r in p.to_dict("records")]
+        pt = bd.predicted_time[bd.predicted_time.run == run] if len(bd.predicted_time) else []
+        if len(pt):
+            rec["predicted_time_vs_measured"] = _rows(pt.drop(columns=["run", "method"]))
         t = bd.time[bd.time.run == run]
         if len(t):
             res = primary_resource(bd, run)
