@@ -50,6 +50,17 @@ def test_formulas(name, dims, types, concrete, flops, nbytes):
     assert w.flops == pytest.approx(flops) and w.bytes == pytest.approx(nbytes)
 
 
+def test_bitsandbytes_ops_count_as_what_they_compute():
+    """gemv_4bit (the decode's one-token product) is the GEMM gemm_4bit is; a bitsandbytes op without a formula
+    is not counted as memory work, and says so."""
+    A, packed = [[1, 1, 64], [2048, 1]], [F32, "unsigned char"]
+    gemv = work.work("bitsandbytes::gemv_4bit", A + [[]] * 3, packed + ["GenericList", "Tensor", "Int"],
+                     ["", "", "[32, 64]", "", "64"])
+    assert gemv.kind == "gemm" and gemv.flops == 2 * 1 * 64 * 32
+    other = work.work("bitsandbytes::int8_mm_dequant", A, packed, ["", ""])
+    assert other.flops == other.bytes == 0 and "no formula" in other.note
+
+
 def test_backward_attention_counts_the_recomputed_scores_apart():
     dims = [[2, 4, 8, 16]] * 5 + [[2, 4, 8]]
     w = work.work("aten::_scaled_dot_product_flash_attention_backward", dims + [[]] * 9,

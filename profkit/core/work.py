@@ -175,7 +175,8 @@ def _dequantize_4bit(tensors: list, concrete: list) -> Work:
 
 
 def _gemm_4bit(tensors: list, concrete: list) -> Work | None:
-    """bitsandbytes' gemm_4bit(A, B packed, shape [N, K], absmax, ...): A [..., K] times the [N, K] weight."""
+    """bitsandbytes' gemm_4bit and gemv_4bit(A, B packed, shape [N, K], absmax, ...): A [..., K] times the
+    [N, K] weight."""
     shape = next((c for c in concrete if isinstance(c, str) and c.startswith("[")), "")
     try:
         n, k = json.loads(shape)
@@ -252,8 +253,12 @@ def work(name: str, dims: list, types: list, concrete: list) -> Work:
                                         "in the trace), not counted")
     if name == "bitsandbytes::dequantize_4bit":
         return _dequantize_4bit(tensors, concrete)
-    if name == "bitsandbytes::gemm_4bit":
+    if name in ("bitsandbytes::gemm_4bit", "bitsandbytes::gemv_4bit"):  # gemv: the one-token decode's kernel
         return _gemm_4bit(tensors, concrete) or Work(0.0, 0.0, "gemm", note="no [N, K] weight shape")
+    if name.startswith("bitsandbytes::") and "quantize" not in name:
+        # A 4-bit or 8-bit kernel may compute as much as a GEMM: its bytes alone would pass it off as memory work.
+        # (Its (de)quantizations are memory work: they read and write their tensors.)
+        return Work(0.0, 0.0, "memory", note=f"{name}: no formula for this bitsandbytes op, not counted")
     if name in _GATHERS:
         return _gather(name, tensors) or NONE
     if name in NO_TRAFFIC or name in _COMPOSITE or not (name.startswith("aten::") or name.startswith("bitsandbytes::")):

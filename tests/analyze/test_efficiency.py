@@ -116,3 +116,13 @@ def test_frozen_weights_skip_the_weight_gradient(own):
 def test_qlora_counts_the_dequantization_it_does(own):
     e = own.efficiency[own.efficiency.run == "qlora"]
     assert (e.work == "dequantize").any() and e[e.work == "dequantize"].bytes.sum() > 0
+
+
+def test_how_weights_are_stored_does_not_change_the_models_work(matrix):
+    """NF4 generation decodes one token at a time through bitsandbytes' gemv_4bit: counted as the GEMM it is,
+    the 4-bit model does the fp16 model's FLOPs (before, its bytes alone passed it off as memory work and the
+    4-bit model seemed to do a quarter of the work)."""
+    bd = breakdown([matrix / "infer_fp16", matrix / "infer_int4", matrix / "lora", matrix / "qlora"], jobs=1)
+    runs = bd.runs.set_index("run")
+    for plain, quantized in (("infer_fp16", "infer_int4"), ("lora", "qlora")):
+        assert runs.loc[quantized, "model_flop_per_step"] == pytest.approx(runs.loc[plain, "model_flop_per_step"])
