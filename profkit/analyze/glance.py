@@ -32,6 +32,18 @@ def _top_two(row: pd.Series | None) -> list[tuple[str | None, float]]:
     return top + [(None, math.nan)] * (2 - len(top))
 
 
+def _trace_owners(bd: Breakdown, run: str, allocated_peak: float) -> pd.Series | None:
+    """A trace recorded by others: what was live at its device's allocated peak, by the operator category that
+    allocated it ("allocated before the trace" where its [memory] events began too late to say)."""
+    live = bd.trace_memory[bd.trace_memory.run == run] if len(bd.trace_memory) else bd.trace_memory
+    if live.empty:
+        return None
+    peaks = bd.trace_memory_peaks[bd.trace_memory_peaks.run == run]
+    device = peaks.loc[peaks.peak_allocated_bytes.idxmax(), "device"]
+    mine = live[live.device == device]
+    return mine.groupby("category")["bytes"].sum() / allocated_peak
+
+
 def _spread(r: pd.Series) -> float:
     """Half the clean steps' range over their median: "12.3 ms ±5%"."""
     lo, hi, mid = r.get("clean_step_min_s"), r.get("clean_step_max_s"), r.get("clean_step_time_s")
@@ -52,6 +64,8 @@ def at_a_glance(bd: Breakdown, budget_bytes: int | None = None) -> pd.DataFrame:
         owners = None
         if run in memory.index and pd.notna(measured_peak) and measured_peak > 0:
             owners = memory.loc[run] / measured_peak
+        elif pd.notna(peak) and peak > 0:
+            owners = _trace_owners(bd, run, peak)
         (m1, s1), (m2, s2) = _top_two(owners)
         (t1, u1), (t2, u2) = _top_two(shares.loc[run] if run in shares.index else None)
         fits = None if budget_bytes is None or pd.isna(measured_peak) else bool(measured_peak <= budget_bytes)

@@ -98,11 +98,12 @@ def _saved(measure: str, pairs: pd.DataFrame) -> str:
     return f"{text}; {_time(pairs)}."
 
 
-def _saving(pairs: pd.DataFrame) -> Answer:
+def _saving(pairs: pd.DataFrame, foreign: bool) -> Answer:
     question = "What did each memory-saving measure save, and what did it cost in time?"
     if pairs.empty:
         return Answer(question, "No two complete runs here differ by one measure only (LoRA, 4-bit weights, "
-                                "gradient checkpointing, ZeRO-2/3, FSDP), so no measure can be isolated.")
+                                "gradient checkpointing, ZeRO-2/3, FSDP), so no measure can be isolated"
+                                + (" (a trace recorded by others carries no method settings)." if foreign else "."))
     points = tuple(_saved(m, g) for m, g in pairs.groupby("measure", sort=False))
     ranges = []
     for measure, g in pairs.groupby("measure", sort=False):
@@ -154,7 +155,10 @@ def _budget(glance: pd.DataFrame, budget_bytes: int | None) -> Answer:
     disturbed = list(train.run[train.disturbed.notna()])
     left_out = (f" Not ranked, their clean steps look disturbed: {', '.join(disturbed)}." if disturbed else "")
     if timed.empty:
-        return Answer(question, "Not answerable here: no complete training run with undisturbed clean steps."
+        traces = int((glance.status == "foreign").sum())
+        why = (" (traces recorded by others have no clean steps: time them with `profkit record` or "
+               "`profkit.Session` for one)" if traces else "")
+        return Answer(question, f"Not answerable here: no complete training run with undisturbed clean steps{why}."
                       + left_out)
     speed = lambda r: f"{r.run} ({human_seconds(r.clean_step_s)} per step, {r.tokens_per_s:,.0f} tokens/s, peak " \
                       f"{human_bytes(r.peak_bytes)})"
@@ -190,4 +194,5 @@ def _budget(glance: pd.DataFrame, budget_bytes: int | None) -> Answer:
 def answers(bd: Breakdown, budget_bytes: int | None = None) -> list[Answer]:
     pairs = measure_pairs(bd)
     glance = at_a_glance(bd, budget_bytes)
-    return [_saving(pairs), _nothing(pairs, glance), _budget(glance, budget_bytes)]
+    foreign = bool(len(bd.runs)) and bool((bd.runs.status == "foreign").any())
+    return [_saving(pairs, foreign), _nothing(pairs, glance), _budget(glance, budget_bytes)]

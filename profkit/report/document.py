@@ -164,8 +164,10 @@ def _summary_line(bd: Breakdown) -> str:
         model = rec.model.get("path") or rec.model.get("preset") or rec.model.get("class") or "a model"
         device = rec.device.get("type") or "a device"
         where = f" of {model} on {device}" + (f" ({rec.device['name']})" if rec.device.get("name") else "")
-    return (f"{len(bd.runs)} runs{where}, {ok} measured. The answers come first; the evidence, each run's details "
-            "and how they were recorded follow.")
+    traces = int((bd.runs.status == "foreign").sum())
+    what = f"{len(bd.runs)} runs{where}" + (f" ({traces} of them traces recorded by others)" if traces else "")
+    return (f"{what}, {ok} measured. The answers come first; the evidence, each run's details and how they were "
+            "recorded follow.")
 
 
 TIME_NOTE = ("Per profiled step (GPU runs: kernel time and idle; CPU runs: op self time), as a share of the step and "

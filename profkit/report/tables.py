@@ -146,7 +146,7 @@ def glance_notes(glance: pd.DataFrame, budget_bytes: int | None, reasons: bool =
     pointed to the flagged runs)."""
     order = (f"within {human_bytes(budget_bytes)} first, fastest first; then the rest by peak" if budget_bytes
              is not None else "by peak memory, smallest first")
-    notes = [f"Sorted {order}. Shares: of the measured peak (memory), of the profiled step (time); ± is half the "
+    notes = [f"Sorted {order}. Shares: of the peak (memory), of the profiled step (time); ± is half the "
              "clean steps' range over their median."]
     marked = [r for _, r in glance.iterrows() if isinstance(r.disturbed, str)]
     if marked and not reasons:
