@@ -315,7 +315,7 @@ def render_html(text: str, image_dir: Path) -> str:
              "font-size:14px}h1{font-size:20px;margin:0.2em 0}h2{font-size:16px;margin:0.8em 0 0.3em}"
              "p{margin:0.3em 0}summary{color:#555;cursor:pointer}"
              ".first{display:grid;grid-template-columns:auto minmax(330px,1fr);gap:0 1.5em;align-items:start}"
-             ".first p,.first li{font-size:13px}@media (max-width:1100px){.first{display:block}}"
+             ".first p,.first li{font-size:13px}.first td{white-space:nowrap}@media (max-width:1100px){.first{display:block}}"
              "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:1px 6px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}img{max-width:100%}code,pre{background:#f4f4f4}")
     return f"<!doctype html><html><head><meta charset='utf-8'><title>profkit report</title><style>{style}</style></head><body>{body}</body></html>\n"

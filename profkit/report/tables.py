@@ -119,8 +119,8 @@ def glance_cells(glance: pd.DataFrame, newline: str = "\n", narrow: bool = False
     rows = []
     for _, g in glance.iterrows():
         step = human_seconds(g.clean_step_s)
-        if pd.notna(g.clean_step_spread):
-            step += f"{newline}±{g.clean_step_spread:.0%}"
+        if pd.notna(g.clean_step_spread):  # on one line with its spread where the cell is one line
+            step += f"{newline if newline.strip(', ') else ' '}±{g.clean_step_spread:.0%}"
         row = {"run": g.run + (" !" if isinstance(g.disturbed, str) else ""), "peak": human_bytes(g.peak_bytes)}
         if show_reserved:
             row["reserved"] = human_bytes(g.reserved_bytes)
