@@ -107,15 +107,18 @@ def _saving(pairs: pd.DataFrame, foreign: bool) -> Answer:
     points = tuple(_saved(m, g) for m, g in pairs.groupby("measure", sort=False))
     ranges = []
     for measure, g in pairs.groupby("measure", sort=False):
-        lo, hi = g.peak_change.min(), g.peak_change.max()
-        span = _pct(lo) if len(g) == 1 else f"{_pct(lo)} to {_pct(hi)}"
+        g = g.sort_values("peak_change")
+        lo, hi = g.iloc[0], g.iloc[-1]
+        span = (f"{_pct(lo.peak_change)} ({lo.run})" if len(g) == 1 else
+                f"{_pct(lo.peak_change)} ({lo.run}) to {_pct(hi.peak_change)} ({hi.run})")
         extra = ""
         if measure == "gradient checkpointing" and g.activation_peak_change.notna().any():
-            a = g.activation_peak_change.dropna()
-            extra = f"; activation peak {_pct(a.min())} to {_pct(a.max())}"
-        ranges.append(f"{measure} {span} ({len(g)} pair{'s' if len(g) > 1 else ''}{extra})")
+            a = g.dropna(subset=["activation_peak_change"]).sort_values("activation_peak_change")
+            extra = (f"; activation peak {_pct(a.iloc[0].activation_peak_change)} ({a.iloc[0].run}) to "
+                     f"{_pct(a.iloc[-1].activation_peak_change)} ({a.iloc[-1].run})")
+        ranges.append(f"{measure} {span}, {len(g)} pair{'s' if len(g) > 1 else ''}{extra}")
     return Answer(question, "The peak with each measure against the same method without it, every other setting "
-                            "equal: " + ", ".join(ranges) + ". The runs, and the time each cost, below (a time "
+                            "equal: " + "; ".join(ranges) + ". The pairs, and the time each cost, below (a time "
                             "difference counts only beyond both runs' spreads).", points)
 
 
