@@ -147,3 +147,22 @@ def test_a_gpu_run_carries_its_predicted_step_time_and_the_breakdown_sets_it_bes
         assert compared.loc[category, "error"] == pytest.approx(-0.5)  # predicted half of what was measured
     assert compared.loc["step", "error"] == pytest.approx(1.0)
     assert predicted_time({"instants": {}}, time, 1.0).empty  # no prediction: nothing compared
+
+
+def test_a_short_attention_keeps_only_part_of_the_gpu_busy():
+    """An attention kernel runs one (batch, head, 128-query block) per thread block: fewer blocks than the GPU
+    has multiprocessors leave the rest idle, and a last partial wave runs part-empty."""
+    from profkit.core import work
+    from profkit.predict.step_time import Calibration, occupancy, op_seconds
+
+    w = work.work("aten::_scaled_dot_product_flash_attention", [[2, 8, 300, 64]] * 3 + [[]] * 3,
+                  ["c10::BFloat16"] * 3 + ["Scalar"] * 3, ["", "", "", "0.", "True", "False"])
+    assert w.tiles == 2 * 8 * 3  # ceil(300 / 128) = 3 query blocks per head
+    assert occupancy(16, 132) == pytest.approx(16 / 132) and occupancy(140, 132) == pytest.approx(140 / 264)
+    assert occupancy(0, 132) == occupancy(float("nan"), 132) == occupancy(500, None) == 1.0
+    h100, cal = gpus.find("H100-SXM"), Calibration.load()
+    full = op_seconds("attention", 1e12, 0.0, "bf16", h100, cal, tiles=h100.sms * 4)
+    short = op_seconds("attention", 1e12, 0.0, "bf16", h100, cal, tiles=h100.sms // 4)
+    assert short == pytest.approx(cal.latency_s["attention"] + 4 * (full - cal.latency_s["attention"]), rel=0.05)
+    # The GEMM's rate does not depend on the tiles (its grid is not modelled).
+    assert op_seconds("gemm", 1e12, 0.0, "bf16", h100, cal, tiles=1) == op_seconds("gemm", 1e12, 0.0, "bf16", h100, cal)

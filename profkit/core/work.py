@@ -82,6 +82,10 @@ class Work:
     precision: str = ""  # the GEMM's or attention's input precision, for the device's peak
     note: str = ""  # why the count is partial, where it is
     model_flops: float | None = None  # where it differs from ``flops``: without what a kernel recomputes
+    # Attention: the independent tiles of its kernel's grid, one (batch, head, block of ATTENTION_TILE queries)
+    # each. Fewer tiles than the GPU has multiprocessors leave some idle: a short prefill cannot reach the rate a
+    # long training sequence does (predict.step_time). 0 where not known.
+    tiles: int = 0
 
     @property
     def model(self) -> float:
@@ -138,6 +142,11 @@ def _concrete(concrete: list, at: int | None) -> str:
     return concrete[at] if at is not None and at < len(concrete) and isinstance(concrete[at], str) else ""
 
 
+# FlashAttention-2 and the fused SDPA kernels give each thread block one head of one sequence and a block of 128
+# queries (FlashAttention-2's forward on A100 and H100, head dim up to 128; Dao 2023, section 3.2).
+ATTENTION_TILE = 128
+
+
 def _attention(name: str, tensors: list, concrete: list) -> Work | None:
     layout, causal_at, passes = _ATTENTION[name]  # passes: 1 forward, 2 backward
     first = _ATTENTION_QKV_AT[passes]
@@ -158,10 +167,12 @@ def _attention(name: str, tensors: list, concrete: list) -> Work | None:
         offset = max(keys - length, 0)
         pairs = length * offset + length * (length + 1) / 2 if keys >= length else length * (keys + 1) / 2
     forward = 4.0 * batch * heads * pairs * dim
+    tiles = batch * heads * -(-length // ATTENTION_TILE)
     moved = sum(_nbytes(s, t) for s, t in tensors) + _nbytes(q, tq) * passes  # the output (and its gradients)
     if passes == 1:
-        return Work(forward, float(moved), "attention", PRECISION.get(tq, ""))
-    return Work(2.5 * forward, float(moved), "attention", PRECISION.get(tq, ""), model_flops=2.0 * forward)
+        return Work(forward, float(moved), "attention", PRECISION.get(tq, ""), tiles=tiles)
+    return Work(2.5 * forward, float(moved), "attention", PRECISION.get(tq, ""), model_flops=2.0 * forward,
+                tiles=tiles)
 
 
 def _dequantize_4bit(tensors: list, concrete: list) -> Work:

@@ -163,7 +163,7 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
         for h in handles:
             h.remove()
     rows = [dict(phase=phase, in_layer=in_layer, name=name, kind=w.kind, flops=w.flops, model_flops=w.model,
-                 bytes=w.bytes, precision=w.precision) for phase, in_layer, name, w in rec.ops]
+                 bytes=w.bytes, precision=w.precision, tiles=w.tiles) for phase, in_layer, name, w in rec.ops]
     if method.gradient_checkpointing:
         rows += [{**r, "phase": "recompute", "model_flops": 0.0} for r in rows
                  if r["phase"] == "forward" and r["in_layer"]]
@@ -189,7 +189,7 @@ def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, wor
     cal = calibration or Calibration.load()
     ops = step_work(method, config, batch_size, seq_len)
     notes = []
-    device_s = ops.apply(lambda r: op_seconds(r.kind, r.flops, r.bytes, r.precision, gpu, cal), axis=1)
+    device_s = ops.apply(lambda r: op_seconds(r.kind, r.flops, r.bytes, r.precision, gpu, cal, r.tiles), axis=1)
     ops = ops.assign(seconds=device_s)
     # Under ZeRO and FSDP each rank does 1/world_size of the optimizer step (its partition).
     if method.sharded and world_size > 1:
@@ -221,11 +221,24 @@ def predict_run(method: Method, settings, gpu: Gpu, world_size: int = 1) -> Step
     return predict(method, model_config(settings), settings.batch_size, settings.seq_len, gpu, world_size)
 
 
-def op_seconds(kind: str, flops: float, nbytes: float, precision: str, gpu: Gpu, cal: Calibration) -> float:
-    """Latency plus the larger of the compute time (at the kind's efficiency against the precision's peak) and
-    the memory time (at the memory efficiency against the bandwidth)."""
+def occupancy(tiles: float, sms: int | None) -> float:
+    """The share of the GPU's multiprocessors a kernel of ``tiles`` independent blocks keeps busy over its waves:
+    16 tiles on 132 SMs use 12% of them; 140 tiles take two waves, the second nearly empty (53%). 1 where either
+    is unknown."""
+    if not tiles or not sms or tiles != tiles:
+        return 1.0
+    waves = math.ceil(tiles / sms)
+    return tiles / (waves * sms)
+
+
+def op_seconds(kind: str, flops: float, nbytes: float, precision: str, gpu: Gpu, cal: Calibration,
+               tiles: float = 0) -> float:
+    """Latency plus the larger of the compute time (at the kind's efficiency against the precision's peak, on the
+    share of the multiprocessors its tiles occupy) and the memory time (at the memory efficiency against the
+    bandwidth)."""
     peak = gpu.peak_flop_per_s(precision) if precision else None
-    compute = flops / (cal.share(gpu, kind) * peak) if flops and peak else 0.0
+    busy = occupancy(tiles, gpu.sms) if kind == "attention" else 1.0
+    compute = flops / (cal.share(gpu, kind) * busy * peak) if flops and peak else 0.0
     memory = nbytes / (cal.share(gpu, "memory") * gpu.bytes_per_s) if nbytes else 0.0
     return cal.latency_s.get(kind, cal.latency_s["memory"]) + max(compute, memory)
 
