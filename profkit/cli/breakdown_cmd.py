@@ -166,21 +166,10 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     _print_trace_memory(out, bd)
 
-    errors = tables.predicted_errors(bd)
-    for chunk in _chunks(list(errors.index), label, out.width) if not errors.empty else []:
-        # The title above the table, not in it: rich wraps a title to the table's width, narrow for one run.
-        out.print("Memory predicted by `profkit estimate`: error against measured", style="italic", highlight=False)
-        t = Table(caption="training: static categories and activations at the forward phase's peak, gradients "
-                          "at the optimizer step's; generation: weights and activations at the prefill's peak, "
-                          "the KV cache at the last decode pass's; `--format json|markdown` gives the bytes")
-        t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
-        for run in chunk:
-            t.add_column(label[run], justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(label[run])))
-        for cat in errors.columns:
-            if errors.loc[chunk, cat].notna().any():  # kv_cache only where a generation run is in the chunk
-                t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
-        out.print(t)
-
+    _print_errors(out, "Memory predicted by `profkit estimate`: error against measured",
+                  "training: static categories and activations at the forward phase's peak, gradients at the "
+                  "optimizer step's; generation: weights and activations at the prefill's peak, the KV cache at the "
+                  "last decode pass's; `--format json|markdown` gives the bytes", tables.predicted_errors(bd), label)
     _print_predicted_time(out, bd, label)
 
     tim = views.time_per_step(bd)
@@ -213,19 +202,24 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 def _print_predicted_time(out: Console, bd: Breakdown, label: dict[str, str]) -> None:
     """GPU runs: the step time predicted before the run against the measured, per category (errors)."""
     p = bd.predicted_time
-    if p.empty:
-        return
-    errors = p.pivot(index="run", columns="category", values="error")
-    for chunk in _chunks(list(errors.index), label, out.width):
-        out.print("Step time predicted by `profkit estimate --gpu`: error against measured", style="italic",
-                  highlight=False)
-        t = Table(caption="each category's kernel time per profiled step; step: the clean step; `--format json` "
-                          "gives the seconds")
+    if not p.empty:
+        _print_errors(out, "Step time predicted by `profkit estimate --gpu`: error against measured",
+                      "each category's kernel time per profiled step; step: the clean step; `--format json` gives "
+                      "the seconds", p.pivot(index="run", columns="category", values="error"), label)
+
+
+def _print_errors(out: Console, title: str, caption: str, errors: pd.DataFrame, label: dict[str, str]) -> None:
+    """Predicted / measured - 1, a row per category and a column per run, in tables that fit the terminal."""
+    for chunk in _chunks(list(errors.index), label, out.width) if not errors.empty else []:
+        # The title above the table, not in it: rich wraps a title to the table's width, narrow for one run.
+        out.print(title, style="italic", highlight=False)
+        t = Table(caption=caption)
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
             t.add_column(label[run], justify="right", no_wrap=True, min_width=max(RUN_COLUMN_WIDTH, len(label[run])))
         for cat in errors.columns:
-            t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
+            if errors.loc[chunk, cat].notna().any():  # kv_cache only where a generation run is in the chunk
+                t.add_row(cat, *[tables.format_error(errors.loc[run, cat]) for run in chunk])
         out.print(t)
 
 

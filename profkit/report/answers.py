@@ -151,6 +151,11 @@ def _nothing(pairs: pd.DataFrame, glance: pd.DataFrame) -> Answer:
                             f"{NOTHING:.0%} or more: {counts}.", tuple(points))
 
 
+def _speed(r: pd.Series) -> str:
+    return (f"{r.run} ({human_seconds(r.clean_step_s)} per step, {r.tokens_per_s:,.0f} tokens/s, peak "
+            f"{human_bytes(r.peak_bytes)})")
+
+
 def _budget(glance: pd.DataFrame, budget_bytes: int | None) -> Answer:
     question = "Which method is best for a memory budget?"
     train = glance[(glance.kind == "train") & (glance.status == "ok")]
@@ -163,8 +168,6 @@ def _budget(glance: pd.DataFrame, budget_bytes: int | None) -> Answer:
                "`profkit.Session` for one)" if traces else "")
         return Answer(question, f"Not answerable here: no complete training run with undisturbed clean steps{why}."
                       + left_out)
-    speed = lambda r: f"{r.run} ({human_seconds(r.clean_step_s)} per step, {r.tokens_per_s:,.0f} tokens/s, peak " \
-                      f"{human_bytes(r.peak_bytes)})"
     if budget_bytes is not None:
         fits = timed[timed.within_budget == True].sort_values("clean_step_s")  # noqa: E712 (None: unknown)
         over = train[train.within_budget == False].sort_values("peak_bytes")  # noqa: E712
@@ -174,7 +177,7 @@ def _budget(glance: pd.DataFrame, budget_bytes: int | None) -> Answer:
                 text += f"; the smallest is {over.iloc[0].run} (peak {human_bytes(over.iloc[0].peak_bytes)})"
             return Answer(question, text + "." + left_out)
         lead = (f"Within {human_bytes(budget_bytes)}, fastest first: "
-                + ", ".join(speed(r) for _, r in fits.head(3).iterrows()) + ".")
+                + ", ".join(_speed(r) for _, r in fits.head(3).iterrows()) + ".")
         points = []
         if len(over):
             points.append(f"{len(over)} do not fit (the smallest of them: {over.iloc[0].run}, "
@@ -186,7 +189,7 @@ def _budget(glance: pd.DataFrame, budget_bytes: int | None) -> Answer:
     smallest = timed.loc[timed.peak_bytes.idxmin()]
     front = [r for _, r in timed.sort_values("peak_bytes").iterrows()
              if not ((timed.peak_bytes <= r.peak_bytes) & (timed.clean_step_s < r.clean_step_s)).any()]
-    lead = f"The fastest is {speed(fastest)}; the smallest peak is {speed(smallest)}."
+    lead = f"The fastest is {_speed(fastest)}; the smallest peak is {_speed(smallest)}."
     points = [f"No other run is both smaller and faster than these {len(front)}, smallest peak first: "
               + ", ".join(f"{r.run}" for r in front) + ". Give --budget to rank the runs within a memory budget."]
     if disturbed:

@@ -111,6 +111,9 @@ def _share(name, share) -> str:
     return f"{name} {share:.0%}" if isinstance(name, str) else ""
 
 
+LINE_BREAKS = ("\n", "<br>")  # a terminal cell's, a Markdown table cell's
+
+
 def glance_cells(glance: pd.DataFrame, newline: str = "\n", narrow: bool = False) -> pd.DataFrame:
     """The at-a-glance table in display units, one row per run; ``newline`` joins a cell's lines (the
     terminal's line break, or Markdown's ``<br>``); ``narrow`` puts tokens/s under the clean step (80 columns).
@@ -119,8 +122,8 @@ def glance_cells(glance: pd.DataFrame, newline: str = "\n", narrow: bool = False
     rows = []
     for _, g in glance.iterrows():
         step = human_seconds(g.clean_step_s)
-        if pd.notna(g.clean_step_spread):  # on one line with its spread where the cell is one line
-            step += f"{newline if newline.strip(', ') else ' '}±{g.clean_step_spread:.0%}"
+        if pd.notna(g.clean_step_spread):  # under the step where a cell has lines, else beside it
+            step += f"{newline if newline in LINE_BREAKS else ' '}±{g.clean_step_spread:.0%}"
         row = {"run": g.run + (" !" if isinstance(g.disturbed, str) else ""), "peak": human_bytes(g.peak_bytes)}
         if show_reserved:
             row["reserved"] = human_bytes(g.reserved_bytes)

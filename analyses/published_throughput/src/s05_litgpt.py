@@ -1,7 +1,5 @@
-from common import R
-import subprocess
+from common import R, git_show
 SRC = "Lightning-AI/litgpt:config_hub/finetune/README.md@26857050fe3ff627cd714fe92f5838f51a3d5efa"
-G = "/work/.mirror/Lightning-AI+litgpt/repo"
 CFGC = "00af8b0d"
 rows = """falcon-7b/lora.yaml|falcon-7b|4|512|1|1xA10G|24.84
 falcon-7b/lora.yaml|falcon-7b|4|512|1|4xA10G|24.94
@@ -58,7 +56,7 @@ def cfg(path):
     p = {"gemma2-2b/lora.yaml":"gemma2-2b/lora.yaml","gemma2b/qlora.yaml":"gemma2-2b/qlora.yaml","llama-3.2-1b/full.yaml":"llama-3.2-1B/full.yaml",
          "llama-3.2-1b/lora.yaml":"llama-3.2-1B/lora.yaml","llama-3.2-1b/qlora.yaml":"llama-3.2-1B/qlora.yaml","llama-3.2-3b/full.yaml":"llama-3.2-3B/full.yaml",
          "llama-3.2-3b/lora.yaml":"llama-3.2-3B/lora.yaml","llama-3.2-3b/qlora.yaml":"llama-3.2-3B/qlora.yaml"}.get(path, path)
-    t = subprocess.run(["git","-C",G,"show",f"{CFGC}:config_hub/finetune/{p}"],capture_output=True,text=True).stdout
+    t = git_show("Lightning-AI/litgpt", CFGC, f"config_hub/finetune/{p}")
     d = {}
     for line in t.splitlines():
         s = line.strip()

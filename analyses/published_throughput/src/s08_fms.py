@@ -1,9 +1,8 @@
-from common import R
-import subprocess, csv
-G = "/work/.mirror/foundation-model-stack+fms-acceleration/repo"
+from common import R, git_show
+import csv
 C = "24bdadb"
 SRC = "foundation-model-stack/fms-acceleration:scripts/benchmarks/refs/a100_80gb.csv@24bdadb"
-t = subprocess.run(["git","-C",G,"show",f"{C}:scripts/benchmarks/refs/a100_80gb.csv"],capture_output=True,text=True).stdout
+t = git_show("foundation-model-stack/fms-acceleration", C, "scripts/benchmarks/refs/a100_80gb.csv")
 N = ("Reference benchmark CSV (last changed 2025-02-07). Versions (refs/requirements.txt): torch 2.4.1, transformers 4.48.1, peft 0.13.2, accelerate 1.0.1, trl 0.13.0, bitsandbytes 0.43.3. "
      "Settings from scripts/benchmarks/defaults.yaml + scenarios.yaml + benchmark.py @24bdadb (not columns of the CSV): dataset alpaca (yahma/alpaca-cleaned formatting), packing True and max_seq_len 4096 (benchmark.py defaults), "
      "max_steps 100, gradient_accumulation_steps 1 (per_device batch = effective batch / num_gpus; effective batch 4 or 8), gradient_checkpointing True, use_flash_attn True, include_tokens_per_second True. "

@@ -1,9 +1,8 @@
-from common import R
-import subprocess, csv
-G = "/work/.mirror/foundation-model-stack+fms-acceleration/repo"
+from common import R, git_show
+import csv
 C = "fc78b55"
 SRC = "foundation-model-stack/fms-acceleration:scripts/benchmarks/refs/a100_80gb_granite.csv@fc78b55"
-t = subprocess.run(["git","-C",G,"show",f"{C}:scripts/benchmarks/refs/a100_80gb_granite.csv"],capture_output=True,text=True).stdout
+t = git_show("foundation-model-stack/fms-acceleration", C, "scripts/benchmarks/refs/a100_80gb_granite.csv")
 N = ("Reference CSV for ibm/PowerLM-3b (last changed 2024-10-18). Versions (refs/requirements_granite.txt): torch 2.4.1, transformers 4.45.2, peft 0.12.0, accelerate 0.34.2, bitsandbytes 0.43.3. "
      "scenarios-granite.yaml @fc78b55: full-finetuning and standard-peft use bf16: True (AMP) + torch_dtype bfloat16; LoRA r16 alpha16 dropout 0.1 on q,k,v,o. Other settings as in the main a100_80gb.csv benchmark "
      "(defaults.yaml + benchmark.py @fc78b55: packing True, max_seq_len 4096, max_steps 100, GA 1, gradient_checkpointing True, use_flash_attn True; 2 GPUs via accelerate FSDP FULL_SHARD). "
