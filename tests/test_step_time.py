@@ -92,9 +92,14 @@ def test_the_calibration_is_what_its_script_derives():
     ops = [fit_step_time.ops_of(name)[0] for name in fit_step_time.FIT]
     import pandas as pd
 
-    efficiency, latency = fit_step_time.fit(pd.concat(ops, ignore_index=True))
+    cal = fit_step_time.calibrate(pd.concat(ops, ignore_index=True),
+                                  fit_step_time.kernel_ops(fit_step_time.KERNELS, "used"), 0.0)
     saved = json.loads(CALIBRATION.read_text())
-    assert saved["efficiency"] == efficiency and saved["latency_s"] == pytest.approx(latency)
+    assert saved["efficiency"] == cal.efficiency and saved["latency_s"] == pytest.approx(cal.latency_s)
+    assert saved["attention_half_tile_flop"] == pytest.approx(cal.attention_half_tile_flop)
+    # The benchmarks' held-out rows are never fitted on.
+    kernels = pd.read_csv(fit_step_time.KERNELS, dtype=str, keep_default_na=False)
+    assert set(kernels.split) == {"", "used", "held-out"} and (kernels.split == "held-out").sum() >= 10
     assert not set(saved["held_out"]) & {n.removesuffix(".json.gz") for n in fit_step_time.FIT}
 
 
@@ -166,3 +171,27 @@ def test_a_short_attention_keeps_only_part_of_the_gpu_busy():
     assert short == pytest.approx(cal.latency_s["attention"] + 4 * (full - cal.latency_s["attention"]), rel=0.05)
     # The GEMM's rate does not depend on the tiles (its grid is not modelled).
     assert op_seconds("gemm", 1e12, 0.0, "bf16", h100, cal, tiles=1) == op_seconds("gemm", 1e12, 0.0, "bf16", h100, cal)
+
+
+def test_an_attention_tile_that_walks_more_keys_reaches_a_higher_rate():
+    """A tile's fixed cost is spread over the keys it walks and its head dimension: a 512-token prefill at head
+    dimension 64 runs far below the rate of an 8k-token training sequence at 128, and backward has its own share."""
+    from profkit.core import work
+    from profkit.predict.step_time import Calibration
+
+    def attention(length: int, dim: int, name: str = "aten::_scaled_dot_product_flash_attention"):
+        return work.work(name, [[1, 16, length, dim]] * 3 + [[]] * 3, ["c10::BFloat16"] * 3 + ["Scalar"] * 3,
+                         ["", "", "", "0.", "True", "False"])
+
+    short, long = attention(512, 64), attention(8192, 128)
+    # Causal: a tile walks on average half the keys; 4 FLOPs per query-key pair per head dimension.
+    assert long.tile_flop == pytest.approx(4 * 128 * 8192 / 2 * 128, rel=0.02)
+    assert short.tile_flop == pytest.approx(4 * 128 * 512 / 2 * 64, rel=0.15)
+    h100, cal = gpus.find("H100-SXM"), Calibration.load()
+    best = cal.efficiency["NVIDIA"]["attention"]
+    assert cal.share(h100, "attention", short.tile_flop) < cal.share(h100, "attention", long.tile_flop) < best
+    assert cal.share(h100, "attention", long.tile_flop) > 0.5 * best
+    assert cal.share(h100, "attention", long.tile_flop, backward=True) == pytest.approx(
+        cal.share(h100, "attention", long.tile_flop) * cal.efficiency["NVIDIA"]["attention_backward"] / best)
+    # Unknown tile work (a foreign op with no shapes for it): the best share, not a guess below it.
+    assert cal.share(h100, "attention") == best

@@ -196,7 +196,8 @@ def analyze_efficiency(trace: Trace, t: TimeResult, gpu: Gpu | None) -> Efficien
     if missing:
         notes.append(f"{missing} op(s) with a formula recorded no shapes: their work is not counted")
     per_op = pd.DataFrame([dict(category=c, kind=works[j].kind, flops=works[j].flops, bytes=works[j].bytes,
-                                precision=works[j].precision, tiles=works[j].tiles, seconds=owner_us[j] / 1e6,
+                                precision=works[j].precision, tiles=works[j].tiles,
+                                tile_flop=works[j].tile_flop, backward=works[j].backward, seconds=owner_us[j] / 1e6,
                                 kernels=owner_kernels[j])
                            for j, c in category_of_owner.items()])
     return EfficiencyResult(pd.DataFrame(rows, columns=EFFICIENCY_COLUMNS), resource, model / n, hardware / n,

@@ -86,6 +86,11 @@ class Work:
     # each. Fewer tiles than the GPU has multiprocessors leave some idle: a short prefill cannot reach the rate a
     # long training sequence does (predict.step_time). 0 where not known.
     tiles: int = 0
+    # Attention: the forward FLOPs of one tile (its 128 queries against the keys it walks, times the head dim). A
+    # tile's fixed cost (loading its queries, the softmax's last rescaling, writing its output) is spread over
+    # this work: short sequences and small heads reach a lower rate (predict.step_time). 0 where not known.
+    tile_flop: float = 0.0
+    backward: bool = False  # attention: the backward kernel (its own efficiency)
 
     @property
     def model(self) -> float:
@@ -169,10 +174,11 @@ def _attention(name: str, tensors: list, concrete: list) -> Work | None:
     forward = 4.0 * batch * heads * pairs * dim
     tiles = batch * heads * -(-length // ATTENTION_TILE)
     moved = sum(_nbytes(s, t) for s, t in tensors) + _nbytes(q, tq) * passes  # the output (and its gradients)
+    per_tile = forward / tiles if tiles else 0.0
     if passes == 1:
-        return Work(forward, float(moved), "attention", PRECISION.get(tq, ""), tiles=tiles)
+        return Work(forward, float(moved), "attention", PRECISION.get(tq, ""), tiles=tiles, tile_flop=per_tile)
     return Work(2.5 * forward, float(moved), "attention", PRECISION.get(tq, ""), model_flops=2.0 * forward,
-                tiles=tiles)
+                tiles=tiles, tile_flop=per_tile, backward=True)
 
 
 def _dequantize_4bit(tensors: list, concrete: list) -> Work:

@@ -48,21 +48,32 @@ ADAMW_BYTES_PER_ELEMENT = 7 * 4  # fp32: parameter, gradient, two moments read; 
 class Calibration:
     """Per GPU vendor (its libraries: cuBLAS or rocBLAS, its attention kernels) and kind of work: the share of the
     roof reached (gemm, attention: compute; memory, dequantize: bandwidth) and a latency per op; the host's time
-    per launched op (eager PyTorch with transformers)."""
+    per launched op (eager PyTorch with transformers).
+
+    Attention's share is the best its kernels reach (forward and backward apart), on tiles that do much work: a
+    tile's fixed cost is spread over the forward FLOPs it computes, so a tile of ``attention_half_tile_flop``
+    reaches half the best share (a short sequence or a small head dimension, far less)."""
 
     efficiency: dict[str, dict[str, float]]  # vendor -> kind -> share of the roof
     latency_s: dict[str, float]
     host_per_op_s: float
     source: str
+    attention_half_tile_flop: float = 0.0
 
     @staticmethod
     def load() -> "Calibration":
         data = json.loads(CALIBRATION.read_text())
-        return Calibration(data["efficiency"], data["latency_s"], data["host_per_op_s"], data["fitted_on"])
+        return Calibration(data["efficiency"], data["latency_s"], data["host_per_op_s"], data["fitted_on"],
+                           data["attention_half_tile_flop"])
 
-    def share(self, gpu: Gpu, kind: str) -> float:
+    def share(self, gpu: Gpu, kind: str, tile_flop: float = 0.0, backward: bool = False) -> float:
         mine = self.efficiency.get(gpu.vendor) or next(iter(self.efficiency.values()))
-        return mine.get(kind, mine["memory" if kind == "dequantize" else "gemm"])
+        if kind != "attention":
+            return mine.get(kind, mine["memory" if kind == "dequantize" else "gemm"])
+        best = mine.get("attention_backward", mine["attention"]) if backward else mine["attention"]
+        if not tile_flop > 0 or not self.attention_half_tile_flop:
+            return best
+        return best * tile_flop / (tile_flop + self.attention_half_tile_flop)
 
 
 @dataclass
@@ -163,7 +174,8 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
         for h in handles:
             h.remove()
     rows = [dict(phase=phase, in_layer=in_layer, name=name, kind=w.kind, flops=w.flops, model_flops=w.model,
-                 bytes=w.bytes, precision=w.precision, tiles=w.tiles) for phase, in_layer, name, w in rec.ops]
+                 bytes=w.bytes, precision=w.precision, tiles=w.tiles, tile_flop=w.tile_flop, backward=w.backward)
+            for phase, in_layer, name, w in rec.ops]
     if method.gradient_checkpointing:
         rows += [{**r, "phase": "recompute", "model_flops": 0.0} for r in rows
                  if r["phase"] == "forward" and r["in_layer"]]
@@ -176,7 +188,7 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
     tensors = sum(1 for p in model.parameters() if p.requires_grad)
     rows.append(dict(phase="optimizer", in_layer=False, name="AdamW.step", kind="memory", flops=0.0, model_flops=0.0,
                      bytes=float(trainable * ADAMW_BYTES_PER_ELEMENT), precision="", tensors=tensors))
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows).fillna({"tiles": 0, "tile_flop": 0.0, "backward": False})
     # What the collectives move: the weights in 16 bits (4-bit ones as stored), the trainable parameters.
     frame.attrs["weight_bytes"] = sum(p.numel() * 2 if n not in quantized else p.numel() // 2
                                       for n, p in model.named_parameters())
@@ -189,7 +201,8 @@ def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, wor
     cal = calibration or Calibration.load()
     ops = step_work(method, config, batch_size, seq_len)
     notes = []
-    device_s = ops.apply(lambda r: op_seconds(r.kind, r.flops, r.bytes, r.precision, gpu, cal, r.tiles), axis=1)
+    device_s = ops.apply(lambda r: op_seconds(r.kind, r.flops, r.bytes, r.precision, gpu, cal, r.tiles, r.tile_flop,
+                                              r.backward), axis=1)
     ops = ops.assign(seconds=device_s)
     # Under ZeRO and FSDP each rank does 1/world_size of the optimizer step (its partition).
     if method.sharded and world_size > 1:
@@ -232,13 +245,14 @@ def occupancy(tiles: float, sms: int | None) -> float:
 
 
 def op_seconds(kind: str, flops: float, nbytes: float, precision: str, gpu: Gpu, cal: Calibration,
-               tiles: float = 0) -> float:
-    """Latency plus the larger of the compute time (at the kind's efficiency against the precision's peak, on the
-    share of the multiprocessors its tiles occupy) and the memory time (at the memory efficiency against the
-    bandwidth)."""
+               tiles: float = 0, tile_flop: float = 0.0, backward: bool = False) -> float:
+    """Latency plus the larger of the compute time (at the kind's efficiency against the precision's peak; for
+    attention, at the rate its tiles' work reaches, on the share of the multiprocessors they occupy) and the
+    memory time (at the memory efficiency against the bandwidth)."""
     peak = gpu.peak_flop_per_s(precision) if precision else None
     busy = occupancy(tiles, gpu.sms) if kind == "attention" else 1.0
-    compute = flops / (cal.share(gpu, kind) * busy * peak) if flops and peak else 0.0
+    share = cal.share(gpu, kind, tile_flop, bool(backward))
+    compute = flops / (share * busy * peak) if flops and peak else 0.0
     memory = nbytes / (cal.share(gpu, "memory") * gpu.bytes_per_s) if nbytes else 0.0
     return cal.latency_s.get(kind, cal.latency_s["memory"]) + max(compute, memory)
 
