@@ -17,6 +17,7 @@ from profkit.core import gpus
 from profkit.core.methods import METHODS, get_method
 from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
+from profkit.model.build import model_config
 from profkit.predict.step_time import CALIBRATION, predict, step_work
 from typer.testing import CliRunner
 
@@ -83,6 +84,21 @@ def test_predictions_move_as_methods_and_gpus_differ():
     sharded = predict(METHODS["full_zero3"], big, 4, 512, h100, world_size=4)
     assert sharded.by_category["communication"] > 0 and "communication" not in full.by_category
     assert full.tokens_per_s == pytest.approx(4 * 512 / full.seconds)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_an_moe_step_counts_its_experts_products(method):
+    """Each token runs its top-k experts' three products forward (fp32 experts, which the meta kernel refuses,
+    and bf16 ones alike); a frozen expert's backward computes its input's gradient only, a trained one's also its
+    weight's."""
+    settings = RunSettings(preset="micro-moe", method=method).resolved()
+    config = model_config(settings)
+    ops = step_work(get_method(method), config, 2, 64)
+    tokens, layers = 2 * 64, config.num_hidden_layers
+    experts = 2 * tokens * config.num_experts_per_tok * 3 * config.hidden_size * config.intermediate_size * layers
+    gemm = ops[ops.kind == "gemm"].groupby("phase").flops.sum()
+    assert gemm["forward"] >= experts
+    assert gemm["backward"] >= (2 if method == "full" else 1) * experts
 
 
 def test_the_calibration_is_what_its_script_derives():

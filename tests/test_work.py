@@ -34,6 +34,14 @@ BF16, F32 = "c10::BFloat16", "float"
     ("aten::_flash_attention_forward", [[2, 1, 4, 16], [2, 8, 4, 16], [2, 8, 4, 16]] + [[]] * 6,
      [BF16] * 3 + [""] * 2 + ["Scalar"] * 4, ["", "", "", "", "", "1", "8", "0.", "True"],
      4 * 2 * 4 * 1 * 8 * 16, 2 * (2 * (2 * 1 * 4 * 16) + 2 * (2 * 8 * 4 * 16))),  # q and the output; k, v
+    # An MoE's grouped product: each expert's rows of [tokens, K] by its [K, N] weight; the weights' gradients,
+    # [K, tokens] x [tokens, N] split by offs into one [K, N] per expert; a batched form.
+    ("aten::_grouped_mm", [[64, 32], [4, 32, 48], [4], [], []], [BF16, BF16, "int", "", ""], [""] * 5,
+     2 * 64 * 32 * 48, 2 * (64 * 32 + 4 * 32 * 48 + 64 * 48) + 4 * 4),
+    ("aten::_grouped_mm", [[32, 64], [64, 48], [4], [], []], [BF16, BF16, "int", "", ""], [""] * 5,
+     2 * 32 * 64 * 48, 2 * (32 * 64 + 64 * 48 + 4 * 32 * 48) + 4 * 4),
+    ("aten::_grouped_mm", [[4, 16, 32], [4, 32, 48], [], [], []], [BF16, BF16, "", "", ""], [""] * 5,
+     2 * 4 * 16 * 32 * 48, 2 * (4 * 16 * 32 + 4 * 32 * 48 + 4 * 16 * 48)),
     # Elementwise: both inputs read, the broadcast output written; in place, the first is the output.
     ("aten::mul", [[4, 8], [8]], [BF16, BF16], ["", ""], 0, 2 * (32 + 8 + 32)),
     ("aten::add_", [[4, 8], [4, 8], []], [F32, F32, "Scalar"], ["", "", "1"], 0, 4 * 3 * 32),

@@ -143,6 +143,26 @@ def _gemm(name: str, tensors: list[tuple[list[int], str]]) -> Work | None:
     return Work(2.0 * batch * m * k * n, float(moved), "gemm", PRECISION.get(ta, ""))
 
 
+def _grouped_gemm(tensors: list[tuple[list[int], str]]) -> Work | None:
+    """_grouped_mm(self, mat2, offs, ...): one matrix product per group (an MoE's experts), the groups' rows split
+    by ``offs``. [M,K]x[G,K,N] (each expert's tokens by its weight, forward and the input's gradient) and
+    [K,M]x[M,N] (the weights' gradients, M split among the groups) compute 2·M·K·N in all; [G,M,K]x[G,K,N],
+    2·G·M·K·N."""
+    if len(tensors) < 2:
+        return None
+    (a, ta), (b, _) = tensors[:2]
+    if len(a) == 2 and len(b) == 3 and a[1] == b[1]:
+        flops, written = 2.0 * a[0] * a[1] * b[2], a[0] * b[2]
+    elif len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        flops, written = 2.0 * a[0] * a[1] * a[2] * b[2], a[0] * a[1] * b[2]
+    elif len(a) == 2 and len(b) == 2 and a[1] == b[0] and len(tensors) > 2 and len(tensors[2][0]) == 1:
+        flops, written = 2.0 * a[0] * a[1] * b[1], tensors[2][0][0] * a[0] * b[1]
+    else:
+        return None
+    moved = sum(_nbytes(s, t) for s, t in tensors) + written * DTYPE_BYTES[ta]
+    return Work(flops, float(moved), "gemm", PRECISION.get(ta, ""))
+
+
 def _concrete(concrete: list, at: int | None) -> str:
     return concrete[at] if at is not None and at < len(concrete) and isinstance(concrete[at], str) else ""
 
@@ -241,6 +261,7 @@ def _memory(name: str, tensors: list) -> Work:
 
 _GEMMS = frozenset({"aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_",
                     "aten::_addmm_activation", "aten::_scaled_mm"})
+_GROUPED_GEMMS = frozenset({"aten::_grouped_mm"})
 _COMPOSITE = frozenset({"aten::linear", "aten::matmul", "aten::einsum", "aten::conv2d", "aten::conv1d",
                         "aten::layer_norm", "aten::group_norm", "aten::dropout", "aten::softmax",
                         "aten::cross_entropy_loss", "aten::nll_loss_nd", "aten::rms_norm"})
@@ -248,14 +269,14 @@ _COMPOSITE = frozenset({"aten::linear", "aten::matmul", "aten::einsum", "aten::c
 
 def has_formula(name: str) -> bool:
     """Whether ``work`` counts this op itself (rather than through the ops nested in it)."""
-    return (name in _GEMMS or name in _ATTENTION or name.startswith("bitsandbytes::")
+    return (name in _GEMMS or name in _GROUPED_GEMMS or name in _ATTENTION or name.startswith("bitsandbytes::")
             or name.startswith("aten::") and name not in _COMPOSITE and name not in NO_TRAFFIC)
 
 
 def counts_nested(name: str) -> bool:
     """Whether the op's own formula covers the ops nested in it (GEMMs, attention, 4-bit ops), so those are
     not counted again."""
-    return name in _GEMMS or name in _ATTENTION or name.startswith("bitsandbytes::")
+    return name in _GEMMS or name in _GROUPED_GEMMS or name in _ATTENTION or name.startswith("bitsandbytes::")
 
 
 def work(name: str, dims: list, types: list, concrete: list) -> Work:
@@ -264,6 +285,8 @@ def work(name: str, dims: list, types: list, concrete: list) -> Work:
     tensors = _tensors(dims, types)
     if name in _GEMMS:
         return _gemm(name, tensors) or Work(0.0, 0.0, "gemm", note="shapes not those of a matrix product")
+    if name in _GROUPED_GEMMS:
+        return _grouped_gemm(tensors) or Work(0.0, 0.0, "gemm", note="shapes not those of a grouped matrix product")
     if name in _ATTENTION:
         return _attention(name, tensors, concrete) or Work(
             0.0, 0.0, "attention", note="not 4-D q, k, v (variable-length attention: its sequence lengths are not "

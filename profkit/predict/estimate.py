@@ -191,24 +191,13 @@ class SavedForBackward:
                    self.before_layers + self.layer_inputs + max(self.layers, default=0))
 
 
-class _GroupedMatmul(torch.autograd.Function):
-    """The experts' grouped matmul on the meta device, for dtypes its meta kernel refuses before torch 2.15: the
-    output's shape, and for backward what torch's own kernel saves (each operand only if the other needs a
-    gradient: frozen experts keep their input unsaved). Never run backward; the estimate only counts."""
-
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
-        return a.new_empty(a.shape[0], b.shape[-1])
-
-
 class TargetDevice(torch.overrides.TorchFunctionMode):
     """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
 
     LOWER = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
              torch.mm, torch.bmm, torch.Tensor.mm, torch.Tensor.bmm}
-    # MoE experts' grouped matmul. Not autocast-enabled (transformers casts the input to the experts' dtype);
-    # torch's meta kernel before 2.15 takes bf16 only where the device kernels take fp32 too.
+    # MoE experts' grouped matmul, [tokens, K] x [experts, K, N]. Not autocast-enabled (transformers casts the input
+    # to the experts' dtype); torch's meta kernel takes bf16 only where the device kernels take fp32 too.
     GROUPED = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
 
     def __init__(self, target: Target, autocast: torch.dtype | None):
@@ -235,8 +224,11 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
             if self.autocast:
                 args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
             return self._attention(*args, **kwargs)
-        if func in self.GROUPED and args[0].dtype != torch.bfloat16:
-            return _GroupedMatmul.apply(args[0], args[1])
+        if func in self.GROUPED and args[0].dtype != torch.bfloat16 and args[0].dim() == 2 and args[1].dim() == 3:
+            # One matrix product with the first expert's weight has the grouped product's output, its FLOPs (the
+            # experts' rows add up to the input's), what autograd saves (each operand where the other needs a
+            # gradient: a frozen expert keeps its input unsaved) and its gradients' shapes; it runs backward too.
+            return args[0] @ args[1][0]
         if self.autocast and func in self.LOWER:
             args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
         return func(*args, **kwargs)

@@ -165,6 +165,12 @@ def measured_tokens_per_gpu(r, batch: int, seq: int, n: int) -> float:
     raise NotPredicted(f"{unit}: a whole run's time needs its token count, which is not stated")
 
 
+# What profkit builds (transformers 5) is not what these figures ran (every source predates it).
+MOE_4BIT = ("4-bit MoE: transformers 5 keeps the experts as 3-D tensors that bitsandbytes does not quantize (fp32 "
+            "after peft's k-bit preparation), where transformers 4 quantized one Linear per expert: another "
+            "computation than the figure's")
+
+
 def compare_throughput(table: Path, models: Path | None = None, split: str | None = None) -> pd.DataFrame:
     configs = json.loads((models or table.with_name("models.json")).read_text())
     rows, cache = [], {}
@@ -181,6 +187,9 @@ def compare_throughput(table: Path, models: Path | None = None, split: str | Non
             measured = measured_tokens_per_gpu(r, batch, seq, n)
             if not gpu.tflops.get("bf16") and not gpu.tflops.get("fp16"):
                 raise NotPredicted(f"{gpu.key}: no 16-bit peak in profkit's GPU table")
+            config = entry["config"]
+            if method.quantization and max(config.get("num_local_experts", 0), config.get("num_experts", 0)) > 1:
+                raise NotPredicted(MOE_4BIT)
             k = (key, method, batch, seq, gpu.key, n)
             if k not in cache:
                 cache[k] = predict(method, config_of(entry), batch, seq, gpu, n)
