@@ -112,7 +112,7 @@ def test_the_calibration_is_what_its_script_derives():
                                   fit_step_time.kernel_ops(fit_step_time.KERNELS, "used"), 0.0)
     saved = json.loads(CALIBRATION.read_text())
     assert saved["efficiency"] == cal.efficiency and saved["latency_s"] == pytest.approx(cal.latency_s)
-    assert saved["attention_half_tile_flop"] == pytest.approx(cal.attention_half_tile_flop)
+    assert saved["attention"] == cal.attention
     # The benchmarks' held-out rows are never fitted on.
     kernels = pd.read_csv(fit_step_time.KERNELS, dtype=str, keep_default_na=False)
     assert set(kernels.split) == {"", "used", "held-out"} and (kernels.split == "held-out").sum() >= 10
@@ -193,7 +193,7 @@ def test_an_attention_tile_that_walks_more_keys_reaches_a_higher_rate():
     """A tile's fixed cost is spread over the keys it walks and its head dimension: a 512-token prefill at head
     dimension 64 runs far below the rate of an 8k-token training sequence at 128, and backward has its own share."""
     from profkit.core import work
-    from profkit.predict.step_time import Calibration
+    from profkit.predict.step_time import Calibration, attention_family
 
     def attention(length: int, dim: int, name: str = "aten::_scaled_dot_product_flash_attention"):
         return work.work(name, [[1, 16, length, dim]] * 3 + [[]] * 3, ["c10::BFloat16"] * 3 + ["Scalar"] * 3,
@@ -203,11 +203,17 @@ def test_an_attention_tile_that_walks_more_keys_reaches_a_higher_rate():
     # Causal: a tile walks on average half the keys; 4 FLOPs per query-key pair per head dimension.
     assert long.tile_flop == pytest.approx(4 * 128 * 8192 / 2 * 128, rel=0.02)
     assert short.tile_flop == pytest.approx(4 * 128 * 512 / 2 * 64, rel=0.15)
-    h100, cal = gpus.find("H100-SXM"), Calibration.load()
-    best = cal.efficiency["NVIDIA"]["attention"]
+    h100, a100, cal = gpus.find("H100-SXM"), gpus.find("A100-SXM4-80GB"), Calibration.load()
+    hopper = cal.attention[attention_family(h100)]
+    best = hopper["forward"]
     assert cal.share(h100, "attention", short.tile_flop) < cal.share(h100, "attention", long.tile_flop) < best
     assert cal.share(h100, "attention", long.tile_flop) > 0.5 * best
     assert cal.share(h100, "attention", long.tile_flop, backward=True) == pytest.approx(
-        cal.share(h100, "attention", long.tile_flop) * cal.efficiency["NVIDIA"]["attention_backward"] / best)
+        cal.share(h100, "attention", long.tile_flop) * hopper["backward"] / best)
     # Unknown tile work (a foreign op with no shapes for it): the best share, not a guess below it.
     assert cal.share(h100, "attention") == best
+    # FlashAttention-2 issues Ampere's instructions: on a Hopper GPU it reaches a smaller share of a peak quoted
+    # for wgmma than on an A100 (or an RTX 4090, or consumer Blackwell) of theirs.
+    assert [attention_family(gpus.find(k)) for k in ("A100-SXM4-80GB", "RTX-4090", "RTX-5090", "H100-SXM", "B200")] \
+        == ["mma.sync", "mma.sync", "mma.sync", "sm90-sm100", "sm90-sm100"]
+    assert cal.share(h100, "attention", long.tile_flop) < cal.share(a100, "attention", long.tile_flop)

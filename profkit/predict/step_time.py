@@ -44,36 +44,50 @@ _TYPE_NAMES = {torch.float32: "float", torch.float64: "double", torch.float16: "
 ADAMW_BYTES_PER_ELEMENT = 7 * 4  # fp32: parameter, gradient, two moments read; parameter, two moments written
 
 
+def attention_family(gpu: Gpu) -> str:
+    """Which instructions the attention kernels transformers runs (FlashAttention-2: PyTorch's SDPA flash backend,
+    flash-attn 2) issue on this GPU, against those its dense peak is quoted for. FlashAttention-2 is written for
+    Ampere's mma.sync: on Ampere, Ada and consumer Blackwell (compute capability 8.x, 12.x) that is the peak's own
+    instruction; Hopper's and datacenter Blackwell's peaks (9.x, 10.x) are quoted for wgmma and tcgen05, which it
+    never issues (FlashAttention-3's paper: 35% of an H100's peak against 70% of an A100's). AMD: its own kernels."""
+    if gpu.vendor != "NVIDIA":
+        return gpu.vendor
+    major = int(gpu.compute_capability.split(".")[0]) if gpu.compute_capability else 8
+    return "sm90-sm100" if major in (9, 10) else "mma.sync"
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Per GPU vendor (its libraries: cuBLAS or rocBLAS, its attention kernels) and kind of work: the share of the
-    roof reached (gemm, attention: compute; memory, dequantize: bandwidth) and a latency per op; the host's time
-    per launched op (eager PyTorch with transformers).
+    """Per GPU vendor (its libraries: cuBLAS or rocBLAS) and kind of work: the share of the roof reached (gemm:
+    compute; memory, dequantize: bandwidth) and a latency per op; the host's time per launched op (eager PyTorch
+    with transformers).
 
-    Attention's share is the best its kernels reach (forward and backward apart), on tiles that do much work: a
-    tile's fixed cost is spread over the forward FLOPs it computes, so a tile of ``attention_half_tile_flop``
-    reaches half the best share (a short sequence or a small head dimension, far less)."""
+    Attention, per kernel family (``attention_family``): the best share of the compute roof forward and backward,
+    reached by tiles of much work, and ``half_tile_flop``: a tile's fixed cost is spread over the forward FLOPs it
+    computes, so a tile of that many reaches half the best share (a short sequence or a small head dimension, far
+    less)."""
 
     efficiency: dict[str, dict[str, float]]  # vendor -> kind -> share of the roof
     latency_s: dict[str, float]
     host_per_op_s: float
     source: str
-    attention_half_tile_flop: float = 0.0
+    attention: dict[str, dict[str, float]] = field(default_factory=dict)  # family -> forward, backward, half_tile_flop
 
     @staticmethod
     def load() -> "Calibration":
         data = json.loads(CALIBRATION.read_text())
         return Calibration(data["efficiency"], data["latency_s"], data["host_per_op_s"], data["fitted_on"],
-                           data["attention_half_tile_flop"])
+                           data["attention"])
 
     def share(self, gpu: Gpu, kind: str, tile_flop: float = 0.0, backward: bool = False) -> float:
+        if kind == "attention" and self.attention:
+            family = self.attention.get(attention_family(gpu)) or self.attention["mma.sync"]
+            best = family["backward" if backward else "forward"]
+            if not tile_flop > 0:
+                return best
+            return best * tile_flop / (tile_flop + family["half_tile_flop"])
         mine = self.efficiency.get(gpu.vendor) or next(iter(self.efficiency.values()))
-        if kind != "attention":
-            return mine.get(kind, mine["memory" if kind == "dequantize" else "gemm"])
-        best = mine.get("attention_backward", mine["attention"]) if backward else mine["attention"]
-        if not tile_flop > 0 or not self.attention_half_tile_flop:
-            return best
-        return best * tile_flop / (tile_flop + self.attention_half_tile_flop)
+        return mine.get(kind, mine["memory" if kind == "dequantize" else "gemm"])
 
 
 @dataclass
