@@ -38,7 +38,11 @@ def _compare(tmp_path, **changes) -> pd.Series:
     ({"gc": "unstated"}, "gradient checkpointing not stated"),
     ({"sharding": "ddp", "n_gpus": "2"}, "data parallelism (DDP) is not modelled"),
     ({"unit": "min total"}, "a whole run's time needs its token count"),
-    ({"gpu": "NVIDIA A100"}, "GPU variant not stated"),
+    ({"gpu": "NVIDIA H100"}, "GPU variant not stated"),
+    ({"gpu": "unstated"}, "GPU not stated"),
+    ({"framework": "torchtune (torch.compile on)"}, "torch.compile: the prediction is for eager PyTorch"),
+    ({"packing": "no"}, "how much of each is padding is not stated"),
+    ({"unit": "s/step", "what_counted": "'Sec/step' (most likely per micro-batch)"}, "inferred, not stated"),
     ({"gpu": "NVIDIA H100 80GB"}, "which of H100-SXM, H100-PCIe, H100-NVL is not stated"),
     ({"gpu": "NVIDIA H100 (DGX-H100, 80GB SXM)", "seq_len": "unstated"}, "sequence length not stated"),
     ({"model": "Qwen/Qwen-7B-Chat"}, "custom modelling code"),
@@ -68,6 +72,18 @@ def test_each_unit_becomes_tokens_per_second_per_gpu(stubbed, tmp_path, unit, me
 def test_variants_the_prediction_cannot_tell_apart_are_one(stubbed, tmp_path):
     """An A100 80GB, SXM or PCIe: the same 16-bit peak, 5% apart in bandwidth (and an A100 is not an A10)."""
     assert _compare(tmp_path, gpu="NVIDIA A100 80GB").gpu_key == "A100-SXM4-80GB"
+
+
+def test_a_chip_whose_variants_differ_in_bandwidth_only_is_predicted_on_each(monkeypatch, tmp_path):
+    """"NVIDIA A100": 40 or 80 GB, SXM or PCIe share 108 SMs and their 16-bit peak; each is predicted, the figure
+    compared with their geometric mean, and the range said beside it."""
+    monkeypatch.setattr(reader, "predict", lambda method, config, batch, seq, gpu, n: SimpleNamespace(
+        seconds=1e12 / gpu.bytes_per_s, bound="device"))
+    row = _compare(tmp_path, gpu="NVIDIA A100")
+    keys = row.gpu_key.split(" or ")
+    assert {"A100-SXM4-40GB", "A100-SXM4-80GB", "A100-PCIe-40GB", "A100-PCIe-80GB"} <= set(keys)
+    low, high = (float(x) for x in row.predicted_range.split("-"))
+    assert low < row.predicted_tokens_per_gpu_s < high and row.reason == ""
 
 
 def test_a_stated_figure_is_predicted(tmp_path):

@@ -9,6 +9,7 @@ guessed. Whole-run times need the run's token count, which the sources do not st
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -60,8 +61,23 @@ def _within(part: str, whole: str) -> bool:
     return bool(part) and re.search(re.escape(part) + tail, whole) is not None
 
 
+def _gpus(text: str) -> list[gpus.Gpu]:
+    """The GPUs a figure's text may name: one, or the variants of one chip that share its multiprocessors and
+    16-bit peak and differ in memory and bandwidth only ("A100": 40 or 80 GB, SXM or PCIe), each predicted."""
+    if text.strip() in ("", "unstated") or text.strip().startswith("not stated"):
+        raise NotPredicted(f"GPU not stated ({text})")
+    try:
+        return [_gpu(text)]
+    except NotPredicted as exc:
+        chip = re.search(r"\b([A-Z]+\d+[A-Z]?)\b", re.sub(r"\s*\(.*", "", text).removeprefix("NVIDIA "))
+        variants = [g for g in gpus.GPUS.values() if chip and g.key.split("-")[0] == chip.group(1)]
+        if len(variants) > 1 and len({(g.sms, g.tflops.get("bf16")) for g in variants}) == 1:
+            return variants
+        raise NotPredicted(str(exc)) from None
+
+
 def _gpu(text: str) -> gpus.Gpu:
-    if "not stated" in text or text.strip() in ("", "unstated") or re.fullmatch(r"NVIDIA (A100|H100)", text.strip()):
+    if "not stated" in text or re.fullmatch(r"NVIDIA (A100|H100)", text.strip()):
         raise NotPredicted(f"GPU variant not stated ({text})")
     plain = re.sub(r"\s*\(.*", "", text).strip()
     plain = plain + "B" if plain.endswith("80G") else plain
@@ -101,6 +117,11 @@ def _gpu(text: str) -> gpus.Gpu:
 def _method(r):
     if r.method not in ("full", "lora", "qlora"):
         raise NotPredicted(f"method {r.method} not modelled")
+    if "compile" in r.framework.lower():
+        raise NotPredicted("torch.compile: the prediction is for eager PyTorch (compiled kernels fuse the ops it "
+                           "counts one by one)")
+    if r.packing != "yes":
+        raise NotPredicted("batches not packed, or not said: how much of each is padding is not stated")
     if "GPTQ" in r.notes or "Int4" in r.model:
         raise NotPredicted("a GPTQ int4 base, not NF4")
     if r.gc not in ("yes", "no"):
@@ -154,6 +175,8 @@ def measured_tokens_per_gpu(r, batch: int, seq: int, n: int) -> float:
             return value
         raise NotPredicted("tokens/s per GPU or for the job: not stated")
     if unit in ("s/step", "min per 1000 iterations"):
+        if "most likely" in counted or "inferred" in counted:
+            raise NotPredicted("what the source's step holds is inferred, not stated")
         seconds = value if unit == "s/step" else value * 60 / 1000
         micro = "micro" in counted or unit == "min per 1000 iterations"
         accumulation = 1 if micro else _number(r.grad_accum, "gradient accumulation")
@@ -181,23 +204,29 @@ def compare_throughput(table: Path, models: Path | None = None, split: str | Non
                "method": r.method, "unit": r.unit, "measured": r.measured}
         try:
             key, entry = _model(r.model, configs)
-            gpu = _gpu(r.gpu)
+            candidates = _gpus(r.gpu)
             method, n = _method(r)
             batch, seq = _number(r.batch_per_device, "batch"), _number(r.seq_len, "sequence length")
             measured = measured_tokens_per_gpu(r, batch, seq, n)
-            if not gpu.tflops.get("bf16") and not gpu.tflops.get("fp16"):
-                raise NotPredicted(f"{gpu.key}: no 16-bit peak in profkit's GPU table")
+            for gpu in candidates:
+                if not gpu.tflops.get("bf16") and not gpu.tflops.get("fp16"):
+                    raise NotPredicted(f"{gpu.key}: no 16-bit peak in profkit's GPU table")
             config = entry["config"]
             if method.quantization and max(config.get("num_local_experts", 0), config.get("num_experts", 0)) > 1:
                 raise NotPredicted(MOE_4BIT)
-            k = (key, method, batch, seq, gpu.key, n)
-            if k not in cache:
-                cache[k] = predict(method, config_of(entry), batch, seq, gpu, n)
-            st = cache[k]
-            predicted = batch * seq / st.seconds
-            row.update(profkit_method=method.label, batch=batch, seq_len=seq, gpu_key=gpu.key,
-                       measured_tokens_per_gpu_s=measured, predicted_tokens_per_gpu_s=predicted,
-                       error=predicted / measured - 1, bound=st.bound, reason="")
+            steps = []
+            for gpu in candidates:
+                k = (key, method, batch, seq, gpu.key, n)
+                if k not in cache:
+                    cache[k] = predict(method, config_of(entry), batch, seq, gpu, n)
+                steps.append(cache[k])
+            each = [batch * seq / st.seconds for st in steps]
+            # A variant not stated: the geometric mean of the variants' predictions, and their range beside it.
+            predicted = math.prod(each) ** (1 / len(each))
+            row.update(profkit_method=method.label, batch=batch, seq_len=seq,
+                       gpu_key=" or ".join(g.key for g in candidates), measured_tokens_per_gpu_s=measured,
+                       predicted_tokens_per_gpu_s=predicted, predicted_range=f"{min(each):.3g}-{max(each):.3g}",
+                       error=predicted / measured - 1, bound="/".join(sorted({st.bound for st in steps})), reason="")
         except NotPredicted as exc:
             row["reason"] = str(exc)
         except EstimateError as exc:
