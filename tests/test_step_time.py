@@ -86,6 +86,30 @@ def test_predictions_move_as_methods_and_gpus_differ():
     assert full.tokens_per_s == pytest.approx(4 * 512 / full.seconds)
 
 
+@pytest.mark.parametrize("method", ["full_zero3", "full_fsdp"])
+def test_offload_times_the_host_link_and_says_the_hosts_step_is_not_predicted(method):
+    """The optimizer leaves the GPU; what crosses PCIe is timed at the GPU's host link; keeping the parameters on
+    the host moves every weight's shard twice a step. The host's optimizer step is not predicted: a lower bound."""
+    from profkit.core.methods import with_overrides
+    from profkit.predict.step_time import offload_bytes
+
+    config = AutoConfig.for_model(**get_preset("micro").config)
+    h100 = gpus.find("H100-SXM")
+    plain = predict(METHODS[method], config, 2, 64, h100, world_size=2)
+    both = with_overrides(METHODS[method], offload="optimizer+params")
+    offloaded = predict(both, config, 2, 64, h100, world_size=2)
+    assert "optimizer" in plain.by_category and "optimizer" not in offloaded.by_category
+    assert not plain.lower_bound and offloaded.lower_bound
+    assert any("not predicted" in n and "lower bound" in n for n in offloaded.notes)
+    ops = step_work(both, config, 2, 64)
+    assert offloaded.by_category["offload"] == pytest.approx(offload_bytes(both, ops, 2) / h100.host_bytes_per_s)
+    # Parameters on the host cross the link for forward and backward: more than the update alone would.
+    assert offload_bytes(both, ops, 2) >= ops.attrs["weight_bytes"]
+    if method == "full_zero3":
+        optimizer_only = with_overrides(METHODS[method], offload="optimizer")
+        assert offload_bytes(optimizer_only, ops, 2) < offload_bytes(both, ops, 2)
+
+
 @pytest.mark.parametrize("method", ["full", "lora"])
 def test_an_moe_step_counts_its_experts_products(method):
     """Each token runs its top-k experts' three products forward (fp32 experts, which the meta kernel refuses,
@@ -129,6 +153,12 @@ def test_estimate_gpu_on_the_command_line():
         assert st["tokens_per_s"] > 0 and st["seconds_by_category"]
     table = invoke("estimate", "lora", "--preset", "micro", "--gpu", "A100-SXM4-80GB", env={"COLUMNS": "80"})
     assert table.returncode == 0 and "Predicted step time on A100-SXM4-80GB (not measured)" in table.stdout
+    # A method changed on the command line keeps its prediction (the estimate names it by its label), and an
+    # offloaded step is a lower bound in the JSON and the table alike.
+    offload = ("estimate", "full_zero3", "--offload", "optimizer", "--preset", "micro", "--gpu", "H100-SXM")
+    [changed] = json.loads(invoke(*offload, "--format", "json").stdout)
+    assert changed["method"] == "full_zero3-offload-optimizer" and changed["step_time"]["lower_bound"] is True
+    assert "≥ " in invoke(*offload, env={"COLUMNS": "80"}).stdout
     bad = invoke("estimate", "lora", "--preset", "micro", "--gpu", "Voodoo 3")
     assert bad.returncode == 2 and "valid GPUs: " in bad.output and "H100-SXM" in bad.output
 

@@ -105,8 +105,8 @@ def find_gpu(name: str | None, device: str):
 
 
 def run_step_times(methods: list[Method], settings: RunSettings, gpu, world_size: int) -> dict:
-    """Method name -> its predicted StepTime on ``gpu`` (training methods); exits 2 with the reason where the
-    meta-device step cannot be run."""
+    """Method label (its name and command-line changes, as the estimates name it) -> its predicted StepTime on
+    ``gpu`` (training methods); exits 2 with the reason where the meta-device step cannot be run."""
     # heavy: torch and transformers (see run_estimates)
     from profkit.predict.estimate import EstimateError
     from profkit.predict.step_time import predict_run
@@ -116,7 +116,7 @@ def run_step_times(methods: list[Method], settings: RunSettings, gpu, world_size
         if m.kind != "train":
             continue
         try:
-            out[m.name] = predict_run(m, settings, gpu, world_size)
+            out[m.label] = predict_run(m, settings, gpu, world_size)
         except EstimateError as exc:
             fail_usage(str(exc))
     return out
@@ -134,8 +134,10 @@ def _print_times(times: dict, gpu, estimates) -> None:
         t.add_column("", no_wrap=True)
         for n in names:
             t.add_column(n, justify="right", no_wrap=True)
-        t.add_row("[bold]step[/]", *[f"{times[n].seconds * 1e3:,.1f} ms" for n in names])
-        t.add_row("tokens/s", *[f"{times[n].tokens_per_s:,.0f}" for n in names])
+        # A lower bound (the host's optimizer step under offload is not predicted) says so in its figures.
+        at_least = {n: "≥ " if times[n].lower_bound else "" for n in names}
+        t.add_row("[bold]step[/]", *[f"{at_least[n]}{times[n].seconds * 1e3:,.1f} ms" for n in names])
+        t.add_row("tokens/s", *[f"{'≤ ' if at_least[n] else ''}{times[n].tokens_per_s:,.0f}" for n in names])
         for c in categories:
             t.add_row(f"  {c}", *[f"{times[n].by_category.get(c, 0.0) * 1e3:,.2f} ms" for n in names])
         t.add_row("GFLOP per step", *[f"{times[n].flop / 1e9:,.1f}" for n in names])

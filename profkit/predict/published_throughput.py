@@ -135,7 +135,7 @@ def _method(r):
     if n > 1 and sharding == "none":
         raise NotPredicted(f"{n} GPUs without sharding stated")
     if r.offload not in ("none", "unstated") or (r.offload == "unstated" and sharding in ("zero2", "zero3")):
-        raise NotPredicted(f"offload {r.offload}: not modelled in the step time")
+        raise NotPredicted(f"offload {r.offload}: the host's optimizer step is not predicted (a lower bound only)")
     if r.precision in ("fp32", "unstated"):
         raise NotPredicted(f"precision {r.precision}: the prediction is for 16-bit training")
     name = r.method + SHARDING[sharding] + ("_gc" if r.gc == "yes" else "")

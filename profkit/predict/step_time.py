@@ -101,11 +101,13 @@ class StepTime:
     model_flop: float
     bound: str  # "device" or "host": which side the step waits on
     notes: list[str] = field(default_factory=list)
+    lower_bound: bool = False  # a part of the step is not predicted (the host's optimizer step under offload)
 
     def to_json(self) -> dict:
         return {"predicted": True, "gpu": self.gpu, "step_time_s": self.seconds, "tokens_per_s": self.tokens_per_s,
                 "seconds_by_category": self.by_category, "flop_per_step": self.flop,
-                "model_flop_per_step": self.model_flop, "bound": self.bound, "notes": self.notes}
+                "model_flop_per_step": self.model_flop, "bound": self.bound, "lower_bound": self.lower_bound,
+                "notes": self.notes}
 
 
 def _describe(func, args, kwargs) -> tuple[str, list, list, list]:
@@ -226,6 +228,17 @@ def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, wor
     comm = communication_seconds(method, ops, gpu, world_size)
     if comm:
         by_category["communication"] = comm
+    if method.offload != "none":
+        # The optimizer steps on the host; the GPU's step is the transfers to and from it.
+        by_category.pop("optimizer", None)
+        moved = offload_bytes(method, ops, world_size)
+        if gpu.host_bytes_per_s:
+            by_category["offload"] = moved / gpu.host_bytes_per_s
+        notes.append(f"offload: {moved / 2**30:,.2f} GiB per rank cross the host link each step"
+                     + ("" if gpu.host_bytes_per_s else f" ({gpu.key}'s host link is not in profkit's GPU table: "
+                                                        "not timed)")
+                     + "; the optimizer's step on the host CPU depends on its cores and memory and is not predicted:"
+                       " the step time is a lower bound")
     device = sum(by_category.values())
     launched = len(ops[ops.phase != "optimizer"]) + int(ops.get("tensors", pd.Series(dtype=float)).fillna(0).sum())
     host = launched * cal.host_per_op_s
@@ -239,7 +252,19 @@ def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, wor
                      "(an upper bound where the framework overlaps them)")
     tokens = batch_size * seq_len
     return StepTime(method.name, gpu.key, seconds, tokens / seconds, by_category, float(ops.flops.sum()),
-                    float(ops.model_flops.sum()), "host" if host > device else "device", notes)
+                    float(ops.model_flops.sum()), "host" if host > device else "device", notes,
+                    lower_bound=method.offload != "none")
+
+
+def offload_bytes(method: Method, ops: pd.DataFrame, world_size: int) -> float:
+    """What crosses the host link per rank and step under CPU offload: the rank's gradient partition to the host
+    (16-bit under ZeRO; FSDP reduces in fp32); back, the updated 16-bit parameters (optimizer offload), or, where
+    the parameters live on the host (optimizer+params), the rank's shard of every weight for forward and again
+    for backward. Not overlapped with compute: an upper bound on the transfers where the framework overlaps them."""
+    trainable, weights = ops.attrs["trainable"], ops.attrs["weight_bytes"]
+    to_host = trainable * (4 if method.fsdp else 2) / world_size
+    to_gpu = 2 * weights / world_size if method.offload == "optimizer+params" else trainable * 2 / world_size
+    return float(to_host + to_gpu)
 
 
 def predict_run(method: Method, settings, gpu: Gpu, world_size: int = 1) -> StepTime:
