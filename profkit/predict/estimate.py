@@ -380,6 +380,13 @@ def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: boo
             notes.append(f"attention in a fused kernel (flash or memory-efficient, as PyTorch picks): eager "
                          f"attention would keep each saved layer's attention matrix, about {matrix / 2**30:,.2f} "
                          "GiB more")
+    vocab = getattr(config, "vocab_size", 0)
+    if vocab:
+        logits = batch_size * seq_len * vocab * 4
+        notes.append(f"the loss as transformers computes it, on an fp32 copy of the logits ({logits / 2**30:,.2f} GiB)"
+                     f" whose backward holds two gradients of that size: a chunked or fused cross-entropy (Liger's, "
+                     f"torchtune's, litgpt's, Unsloth's) never holds the whole logits, up to "
+                     f"{2 * logits / 2**30:,.2f} GiB less at the backward's peak")
     return notes
 
 
