@@ -35,11 +35,11 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     table.to_csv(OUT / f"vs-published-{split}.csv", index=False)
     done = table[table.reason == ""]
-    err = done.error.abs()
     lines = [f"# Predicted step time against published throughputs ({split} split)", "",
              f"Written by `analyses/step_time_vs_published.py`. {len(table)} figures; {len(done)} predicted "
              f"(every setting the prediction needs stated); the others keep their reason.", ""]
     if len(done):
+        err = done.error.abs()
         lines += [f"- |error| of tokens per second per GPU: median {err.median():.1%}, p90 {err.quantile(0.9):.1%}; "
                   f"signed median {done.error.median():+.1%}.",
                   "- by source: " + "; ".join(f"{s.split(':')[0]} {len(g)} figures, median |error| "

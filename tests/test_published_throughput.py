@@ -41,6 +41,7 @@ def _compare(tmp_path, **changes) -> pd.Series:
     ({"gpu": "NVIDIA H100"}, "GPU variant not stated"),
     ({"gpu": "unstated"}, "GPU not stated"),
     ({"framework": "torchtune (torch.compile on)"}, "torch.compile: the prediction is for eager PyTorch"),
+    ({"framework": "a loop (torch.compile off)", "packing": "no"}, "how much of each is padding"),  # off: not compiled
     ({"packing": "no"}, "how much of each is padding is not stated"),
     ({"unit": "s/step", "what_counted": "'Sec/step' (most likely per micro-batch)"}, "inferred, not stated"),
     ({"gpu": "NVIDIA H100 80GB"}, "which of H100-SXM, H100-PCIe, H100-NVL is not stated"),

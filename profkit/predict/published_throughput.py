@@ -117,7 +117,8 @@ def _gpu(text: str) -> gpus.Gpu:
 def _method(r):
     if r.method not in ("full", "lora", "qlora"):
         raise NotPredicted(f"method {r.method} not modelled")
-    if "compile" in r.framework.lower():
+    framework = r.framework.lower()
+    if "compile" in framework and not re.search(r"compile\w*\s*(off|disabled|false|=\s*false)", framework):
         raise NotPredicted("torch.compile: the prediction is for eager PyTorch (compiled kernels fuse the ops it "
                            "counts one by one)")
     if r.packing != "yes":
