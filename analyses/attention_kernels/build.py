@@ -233,9 +233,25 @@ for L, tv, fv in [(1024, "230", "243"), (2048, "233", "298"), (4096, "239", "310
             notes="Direction, dtype and flop formula not stated; batch=16 assumed to hold for all seqlens (only stated once). Same user quotes 392 TFLOPS for FA3 on H100 SXM (from elsewhere, config unclear).")
 
 
+# ---------------------------------------------------------------- S13 ROCm/flash-attention issue 142 (MI300X, CK)
+S13 = "https://github.com/ROCm/flash-attention/issues/142"
+issue142 = [(1, "353.22", "194.43", "223.08"), (2, "355.51", "202.12", "230.54"), (4, "339.62", "205.43", "231.57"),
+            (8, "309.60", "206.66", "228.36")]
+for B, fwd, bwd, both in issue142:
+    for d, v in (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", both)):
+        add(source_url_or_repo_path=S13, source_kind="issue", gpu="AMD Instinct MI300X",
+            kernel="flash_attn 2 (ROCm/flash-attention, CK backend) flash_attn_qkvpacked_func", direction=d,
+            causal="false", dtype="fp16", batch=B, heads=16, seq_len=16384, head_dim=128, tflops=v, flop_convention=FC_FA,
+            quote=f"### causal=False, headdim=128, batch_size={B}, seqlen=16384 ### Flash2 fwd: {fwd} TFLOPs/s, "
+                  f"bwd: {bwd} TFLOPs/s, fwd + bwd: {both} TFLOPs/s",
+            notes="A user's modified benchmark_flash_attention.py (batch 1-8 at 16384); heads 16 and fp16 are the "
+                  "script's defaults (dim 2048, float16), not restated; its 'Pytorch' rows (~12,000 TFLOP/s, "
+                  "impossible) are left out. ROCm 6.3.2.")
+
 FA2_ALGORITHM = ("flash_attn 2", "FlashAttention-2", "SDPBackend.FLASH_ATTENTION", "triton tutorial")
 GPU_KEYS = {"A100-PCIe-80GB": "A100-PCIe-80GB", "A100 (docs CI": "A100-SXM4-80GB", "A100-SXM4-80GB": "A100-SXM4-80GB",
-            "H100-SXM5-80GB": "H100-SXM", "H100-PCIe": "H100-PCIe", "H200 (gpu_name": "H200-SXM"}
+            "H100-SXM5-80GB": "H100-SXM", "H100-PCIe": "H100-PCIe", "H200 (gpu_name": "H200-SXM",
+            "AMD Instinct MI300X": "MI300X"}
 SALT = "profkit attention-kernel split 2026-11-24"
 # A paper's stated maximum over one direction's sweep, placed at the sweep's largest configuration (where its
 # figures peak: the longest sequence at head dimension 128, non-causal). Used, never held out: it is the one
