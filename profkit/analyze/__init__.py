@@ -330,13 +330,14 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
 
 def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[str]) -> dict:
     row: dict = {"run": src.run, "path": str(src.path), "recorded_by_profkit": src.recorded}
+    reported = len(problems)  # this run's problems are those appended from here on
     if src.recorded:
         run_dir = store.RunDir(src.path)
         try:
             record = src.record or run_dir.read_record()
         except ManifestError as exc:
             problems.append(Problem(run_dir.manifest, str(exc).removeprefix(f"{run_dir.manifest}: ")))
-            row.update(method=src.run, status="unreadable")
+            row.update(method=src.run, status="unreadable", reason=problems[-1].message)
             return row
         c.records[src.run] = record
         method = record.method
@@ -389,7 +390,8 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         problems.append(Problem(time_trace, _unexpected(exc)))
 
     if record is None and trace is None:
-        row["status"] = "unreadable"  # the problem says why; nothing more to say about its memory
+        # Why, from the problem just reported; nothing more to say about its memory.
+        row.update(status="unreadable", reason="; ".join(p.message for p in problems[reported:]) or None)
         return row
     if record is None:
         _foreign_memory(src, trace, t, row, c, notes, problems)

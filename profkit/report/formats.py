@@ -133,7 +133,8 @@ def _shares(key: str, share, total, run: str) -> dict:
 
 def to_document(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None) -> dict:
     """Everything the breakdown says, as one JSON-ready object: the at-a-glance table, the answers, the measure
-    pairs they quote, the findings ranked by size, the flagged runs, and each run's record (``to_records``)."""
+    pairs they quote, the findings ranked by size, the flagged runs, the inputs that could not be read, and each
+    run's record (``to_records``)."""
     return {
         "budget_bytes": budget_bytes,
         "thresholds": {"nothing_fraction": NOTHING, "wide_spread_ratio": WIDE_SPREAD},
@@ -143,6 +144,8 @@ def to_document(bd: Breakdown, explained: str | None = None, budget_bytes: int |
         "measures": _rows(measure_pairs(bd)),
         "findings": [asdict(f) for f in findings.ranked(bd)],
         "flagged": findings.flags(bd),
+        # What could not be read, and why (the terminal's "error:" and "warning:" lines).
+        "problems": [{"path": str(p.path), "message": p.message, "fatal": p.fatal} for p in bd.problems],
         "runs": to_records(bd, explained),
     }
 

@@ -123,3 +123,18 @@ def test_short_run_names_are_shown_whole():
     terminal = CliRunner().invoke(app, ["breakdown", str(GPU_TRACES / "a100_alexnet_single.json.gz")],
                                   env={"COLUMNS": "80"}).output
     assert "by number" not in terminal and "a100_alexnet_single" in terminal
+
+
+def test_what_could_not_be_read_is_in_the_json_with_its_reason(tmp_path):
+    """A damaged trace beside a good one: the terminal's "error:" line is in the JSON too, and the damaged run's
+    row says why it is unreadable; the good one is still analysed."""
+    (tmp_path / "damaged.json").write_text('{"other": 1}')
+    (tmp_path / "good.json.gz").write_bytes((GPU_TRACES / "h100_qwen1.5-0.5b_hf_memory.json.gz").read_bytes())
+    result = CliRunner().invoke(app, ["breakdown", str(tmp_path), "--format", "json"])
+    doc = json.loads(result.stdout)
+    assert result.exit_code == 1  # a problem was met; what could be read is still reported
+    [problem] = doc["problems"]
+    assert problem["path"].endswith("damaged.json") and "no 'traceEvents'" in problem["message"] and problem["fatal"]
+    runs = {r["run"]: r for r in doc["runs"]}
+    assert runs["damaged"]["status"] == "unreadable" and "no 'traceEvents'" in runs["damaged"]["reason"]
+    assert runs["good"]["status"] != "unreadable" and runs["good"]["reason"] is None
