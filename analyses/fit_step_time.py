@@ -4,14 +4,15 @@ Each op whose work profkit counts (core/work.py) in a real trace with shapes giv
 its kernels' time) on a GPU of known peaks (core/gpus.py). The model of one op is a latency plus the larger of
 its compute time at an efficiency against the precision's peak and its memory time at an efficiency against the
 bandwidth (predict/step_time.op_seconds); an attention kernel computes on the share of the multiprocessors its
-tiles occupy (predict/step_time.occupancy). Per kind, the efficiency and the latency minimise the time-weighted mean
-|log(predicted / measured)| over the fitting traces' ops (a grid: efficiencies 0.05-1.00, latencies 0-30 µs).
+tiles occupy (predict/step_time.occupancy). For memory and GEMM, per kind, the efficiency and the latency minimise
+the time-weighted mean |log(predicted / measured)| over the fitting traces' ops (a grid: efficiencies 0.05-1.00,
+latencies 0-10 µs).
 The host's time per launched kernel is the median, over the traces, of the host's op time per step (waits on the
 GPU left out) over the kernels launched per step.
 
-Attention is fitted apart (fit_attention): its best share forward and backward per vendor and the forward FLOPs per
-tile at which it reaches half of it, on the traces' attention ops and the used rows of published attention-kernel
-benchmarks (KERNELS), each source weighing alike.
+Attention is fitted apart (fit_attention): its best share forward and backward per kernel family and the forward
+FLOPs per tile at which it reaches half of it, on the traces' attention ops and the used rows of published
+attention-kernel benchmarks (KERNELS), each source weighing alike.
 
 Held out before fitting: one trace (HELD_OUT) and the benchmarks' held-out rows, reported apart, never fitted on.
 
@@ -76,7 +77,7 @@ Last, 12 MI300X rows of ROCm's CK FlashAttention-2 (ROCm/flash-attention issue 1
 rule and split (their forward+backward rows used, forward and backward held out): AMD's shares moved from 0.16 to
 0.19 forward; its held-out forward rows are +45%, the tied backward ratio's limit, reported as it came.
 """
-KINDS = {"gemm": ("gemm",), "attention": ("attention",), "memory": ("memory", "dequantize")}
+KINDS = {"gemm": ("gemm",), "memory": ("memory", "dequantize")}  # attention: fit_attention
 EFFICIENCIES = np.round(np.arange(0.05, 1.001, 0.01), 2)
 LATENCIES = np.arange(0.0, 10.5, 0.5) * 1e-6  # a kernel's fixed cost is microseconds, not tens of them
 HALF_TILE_FLOPS = np.geomspace(1e5, 1e9, 41)  # an attention tile's forward FLOPs at half the best share
@@ -101,15 +102,13 @@ def _loss(pred: np.ndarray, measured: np.ndarray) -> float:
 
 
 def fit(ops: pd.DataFrame) -> tuple[dict, dict]:
-    """The grid, vectorised over the ops (the formula of op_seconds). Latencies are shared by the vendors (a kernel
-    launch's cost); efficiencies are per vendor (their libraries reach different shares of their peaks)."""
+    """Memory and GEMM: the grid, vectorised over the ops (the formula of op_seconds). Latencies are shared by the
+    vendors (a kernel launch's cost); efficiencies are per vendor (their libraries reach different shares of their
+    peaks)."""
     peak = np.array([gpus.GPUS[g].peak_flop_per_s(p) or np.nan if p else np.nan for g, p in zip(ops.gpu, ops.precision)])
     bandwidth = np.array([gpus.GPUS[g].bytes_per_s for g in ops.gpu])
     vendor = np.array([gpus.GPUS[g].vendor for g in ops.gpu])
     flops, nbytes, measured = ops.flops.to_numpy(), ops.bytes.to_numpy(), ops.seconds.to_numpy()
-    # An attention kernel with fewer tiles than the GPU has multiprocessors runs on that share of them only.
-    busy = np.array([occupancy(t, gpus.GPUS[g].sms) if k == "attention" else 1.0
-                     for t, g, k in zip(ops.tiles.fillna(0), ops.gpu, ops.kind)])
     efficiency: dict[str, dict[str, float]] = {v: {} for v in sorted(set(vendor))}
     latency: dict[str, float] = {}
     # Memory first: the compute kinds' bytes meet the same bandwidth roof at the memory efficiency.
@@ -122,7 +121,7 @@ def fit(ops: pd.DataFrame) -> tuple[dict, dict]:
                 if not mine.any():
                     continue
                 at_peak = np.where(np.isfinite(peak[mine]) & (flops[mine] > 0),
-                                   flops[mine] / (peak[mine] * busy[mine]), 0.0)
+                                   flops[mine] / peak[mine], 0.0)
                 best = (math.inf, None)
                 for eff in EFFICIENCIES:
                     memory = nbytes[mine] / ((eff if kind == "memory" else efficiency[v]["memory"]) * bandwidth[mine])
@@ -251,7 +250,8 @@ def kernel_errors(kops: pd.DataFrame, cal: Calibration) -> pd.DataFrame:
     per = per.assign(error=per.pred / per.measured - 1)
     return (per.groupby(["trace", "gpu", "direction"])
             .agg(rows=("error", "size"), median_error=("error", "median"),
-                 median_abs_error=("error", lambda e: e.abs().median()), max_abs_error=("error", lambda e: e.abs().max()))
+                 median_abs_error=("error", lambda e: e.abs().median()),
+                 max_abs_error=("error", lambda e: e.abs().max()))
             .reset_index())
 
 
