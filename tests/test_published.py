@@ -57,6 +57,19 @@ def test_stated_settings_become_the_method_and_assumptions_are_named():
     assert any("FSDP1 estimated as FSDP2" in a for a in fsdp.assumed)
 
 
+@pytest.mark.parametrize("stated, targets", [
+    ("q_proj k_proj v_proj o_proj c_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn")),  # a command line's
+    ("k_proj,q_proj+v_proj", ("k_proj", "q_proj", "v_proj")),
+    ("DEFAULT=c_attn (fused qkv)", ("c_attn",)),
+    ("PEFT default for bloom (query_key_value)", ("query_key_value",)),
+    ("q_proj,output_proj,output(lm head)", ("q_proj", "o_proj", "lm_head")),
+])
+def test_lora_targets_are_read_however_the_source_lists_them(stated, targets):
+    figure = read_figure(_row(lora_targets=stated), MODELS)
+    assert figure.reason == "" and figure.method.lora_targets == targets
+    assert read_figure(_row(lora_targets="ALL (all linear)"), MODELS).method.lora_targets == ("all-linear",)
+
+
 def test_the_used_published_figures_are_estimated_within_their_targets():
     """The figures the estimator was built against (the held-out ones are reported, never tested: a test would tune
     to them). Among those consistent with their stated settings that count allocated bytes, what the estimate

@@ -195,13 +195,20 @@ def read_figure(r, models: dict) -> Figure:
 
 
 def _lora_targets(text: str) -> str:
-    if text.strip().lower() in ("all", "all-linear", "all linear"):
+    """The targets as peft takes them. Sources list them with commas, pluses or spaces (a command line's
+    ``--target_modules q_proj k_proj``), some as peft's default for the model, named (``DEFAULT=c_attn``)."""
+    text = re.sub(r"^\s*default\s*=\s*", "", text.strip(), flags=re.IGNORECASE)
+    text = re.sub(r"^(peft )?default for \S+ \((.+)\)$", r"\2", text, flags=re.IGNORECASE)
+    if re.match(r"all\b", text.lower()):  # "all", "all-linear", "ALL (all linear)"
         return ALL_LINEAR
     names: list[str] = []
-    for part in text.split(","):
-        for name in LORA_NAMES.get(part.strip().lower(), [part.strip()]):
-            if name not in names:
-                names.append(name)
+    for part in re.split(r"[,+]", text):
+        known = LORA_NAMES.get(part.strip().lower())  # a name with a space of its own: "output(lm head)"
+        words = [part.strip()] if known else re.sub(r"\(.*?\)", " ", part).split()  # an aside in brackets
+        for word in words:
+            for name in LORA_NAMES.get(word.lower(), [word]):
+                if name not in names:
+                    names.append(name)
     return ",".join(names)
 
 
