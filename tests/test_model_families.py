@@ -13,9 +13,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import profkit
 from profkit.analyze import breakdown
-from profkit.core.methods import get_method, with_overrides
+from profkit.core.methods import UnsupportedError, get_method, with_overrides
 from profkit.core.settings import RunSettings
-from profkit.model.build import build_model, make_optimizer, tokenizer_for
+from profkit.model.build import build_model, make_optimizer, position_limit, tokenizer_for
 from profkit.predict.estimate import EstimateError, estimate
 from tests.conftest import invoke
 
@@ -132,10 +132,22 @@ def test_experts_stay_16_bit_under_qlora_and_frozen_experts_save_no_input():
      "peft's default for gpt_bigcode: c_attn"),
     (("falcon", dict(multi_query=True)), "qlora", "query_key_value"),
     (("phi3", dict(pad_token_id=32000)), "full", "Padding_idx must be within num_embeddings"),
+    (("gpt_bigcode", dict(n_embd=64, n_layer=2, n_head=4, n_positions=16)), "full", "at most 16 tokens"),
+    (("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=16)), "infer_fp16", "at most 16 tokens"),
 ])
 def test_what_cannot_be_built_is_refused_with_its_reason(config, method, reason):
     with pytest.raises(EstimateError, match=reason):
         estimate(get_method(method), _config(config[0], **config[1]), 2, 32, 1, "cuda", config[0])
+
+
+def test_a_sequence_past_learned_positions_is_refused_before_a_recording_runs(family_checkpoints):
+    """GPTBigCode learns 256 positions here; a rotary model (Mixtral) has no such limit."""
+    settings = RunSettings(method="full", model_path=str(family_checkpoints["gpt_bigcode"]), seq_len=257)
+    with pytest.raises(UnsupportedError, match="at most 256 tokens"):
+        build_model(get_method("full"), settings, "cpu")
+    assert position_limit(AutoModelForCausalLM.from_config(_config("mixtral"))) is None
+    assert estimate(get_method("full"), _config("gpt_bigcode", n_embd=64, n_layer=2, n_head=4, n_positions=32),
+                    1, 32, 1, "cuda", "gpt_bigcode").peak_bytes > 0
 
 
 def test_the_moe_preset_through_the_cli():

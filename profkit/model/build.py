@@ -206,6 +206,9 @@ def build_model(method: Method, settings: RunSettings, device: str):
     if p.quantization is not None:
         kwargs["quantization_config"] = p.quantization
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    if settings.seq_len:
+        new = (settings.max_new_tokens or 1) - 1 if method.kind == "infer" else 0  # the last token is never fed
+        check_sequence(model, settings.seq_len + new)
 
     if method.kind == "infer":
         model.eval()
@@ -239,6 +242,35 @@ def attention_for(config, requested: str) -> tuple[str, str | None]:
         return "eager", (f"{model_class.__name__} has no sdpa attention in transformers; it runs eager attention, "
                          "which keeps each layer's full attention matrix for backward")
     return requested, None
+
+
+def position_limit(model) -> int | None:
+    """The most tokens a model with learned absolute positions takes: the rows of its position table (OPT's has
+    two more, its offset). None for rotary and ALiBi models, which run past the length they were trained to."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    tokens = model.get_input_embeddings()
+    if not isinstance(limit, int):
+        return None
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding) and m is not tokens and limit <= m.num_embeddings <= limit + 2:
+            return limit
+    return None
+
+
+def sequence_limit(config) -> int | None:
+    """``position_limit`` of the model ``config`` describes, built on the meta device."""
+    with torch.device("meta"), library_output():
+        return position_limit(AutoModelForCausalLM.from_config(config))
+
+
+def check_sequence(model, tokens: int) -> None:
+    """A sequence past a learned position table fails on the GPU (an index out of range) and runs on the meta
+    device, which checks no index: refused here, before either."""
+    limit = position_limit(model)
+    if limit is not None and tokens > limit:
+        raise UnsupportedError(f"{tokens} tokens: {type(model).__name__} learns one embedding per position and has "
+                               f"{limit}, so a sequence can hold at most {limit} tokens (when generating, the "
+                               "prompt and every new token but the last)")
 
 
 def with_lora(model, p: ModelPlan):

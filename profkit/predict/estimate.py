@@ -50,7 +50,7 @@ from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.build import decoder_layers, meta_model, model_config
+from profkit.model.build import check_sequence, decoder_layers, meta_model, model_config
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
 
@@ -541,6 +541,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO or FSDP method (plain data parallelism "
                             "replicates everything; estimate with --world-size 1)")
     model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    check_sequence(model, seq_len)
     notes: list[str] = list(plan.notes)
     if target == "cuda" and method.precision == "auto" and not method.fsdp:
         notes.append("CUDA target: bf16 autocast and bf16 frozen weights (a GPU with bf16 support); flash "
@@ -732,6 +733,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
     if world_size != 1:
         raise EstimateError(f"{method.name}: generation is estimated on one device (world size 1)")
     model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    check_sequence(model, prompt + new_tokens - 1)  # the last new token is never fed
     model.config.use_cache = True
     cpu_packed = bool(quantized) and target == "cpu" and _bnb_packs_for_this_cpu()
     params, parts, _ = _parameters(model, quantized, method.double_quant if quantized else False, cpu_packed)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 from transformers import AutoConfig
 
 from profkit.core.methods import ALL_LINEAR, Method, OverrideError, get_method, with_overrides
+from profkit.model.build import sequence_limit
 from profkit.predict.estimate import EstimateError, estimate
 
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
@@ -212,6 +213,18 @@ def _lora_targets(text: str) -> str:
     return ",".join(names)
 
 
+def _within_positions(figure: Figure, config) -> Figure:
+    """A stated sequence past the model's learned positions cannot have run: trainers cap it at the tokenizer's
+    length, the model's (fms-hf-tuning and transformers' run_clm take min(max_seq_length, model_max_length))."""
+    limit = sequence_limit(config)
+    fed = figure.seq_len + (figure.new_tokens - 1 if figure.method.kind == "infer" else 0)
+    if limit is None or fed <= limit:
+        return figure
+    return replace(figure, seq_len=limit - (fed - figure.seq_len), assumed=(*figure.assumed, (
+        f"sequence {limit}: the stated {figure.seq_len} is past the model's {limit} learned positions, which no run "
+        "can use; trainers cap it there (the tokenizer's model_max_length)")))
+
+
 def compare_wide(table: Path, models: Path | None = None, split: str | None = None,
                  counter: str | None = None) -> pd.DataFrame:
     """One row per figure of wide.csv (``split``, ``counter``: only those; counter "allocated" or "reserved", as
@@ -232,6 +245,8 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                "assumed": "; ".join(figure.assumed), "static_bytes": None, "notes": ""}
         if figure.method is not None:
             config = config_of(configs[figure.model])
+            figure = _within_positions(figure, config)
+            row.update(seq_len=figure.seq_len, assumed="; ".join(figure.assumed))
             try:
                 e = estimate(figure.method, config, figure.batch_size, figure.seq_len, figure.world_size, "cuda",
                              figure.model, new_tokens=figure.new_tokens)
