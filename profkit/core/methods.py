@@ -17,6 +17,7 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
 ATTENTIONS = ("sdpa", "flash", "eager")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
+LOSSES = ("fp32", "fp32-shifted", "logits-dtype")  # profkit.model.loss says what each computes
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
 
 
@@ -46,6 +47,8 @@ class Method:
     attention: Literal["sdpa", "flash", "eager"] = "sdpa"
     # To host memory: ZeRO-Offload's optimizer (+ params) or FSDP's CPUOffloadPolicy (params, gradients and step).
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
+    # The causal-LM loss as transformers 5 computes it, or as transformers 4 did (profkit.model.loss).
+    loss: Literal["fp32", "fp32-shifted", "logits-dtype"] = "fp32"
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -62,7 +65,7 @@ class Method:
         if not self.fsdp:
             out.pop("reshard_after_forward")
         if self.kind == "infer":
-            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp"):
+            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp", "loss"):
                 out.pop(key, None)
         if not self.variant:
             out.pop("variant")
@@ -130,6 +133,10 @@ SETTINGS: dict[str, Setting] = {
     "reshard_after_forward": _setting("reshard_after_forward", "fsdp", lambda v: "reshard" if v else "no-reshard",
                                       "--reshard-after-forward", "FSDP: free each layer's gathered parameters after "
                                       "its forward (gathered again for backward).", bool),
+    "loss": _setting("loss", "train", lambda v: f"loss-{v}", "--loss", "The causal-LM loss: fp32 (transformers "
+                     ">= 4.49: an fp32 copy of the logits), fp32-shifted (4.46-4.48: and a shifted copy of that), "
+                     "logits-dtype (a model's own loss before 4.49, GPT-2 and GPTBigCode among them: a shifted copy "
+                     "in the logits' dtype).", str, LOSSES),
 }
 
 

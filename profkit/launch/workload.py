@@ -23,6 +23,7 @@ from profkit.model.build import (build_model, make_optimizer, plan, setting_unsu
 from profkit.model.data import inference_prompts, token_blocks, training_batches
 from profkit.model.distributed import init_process_group
 from profkit.model.fsdp import shard, trainer_fsdp_arguments
+from profkit.model.loss import causal_lm_loss, loss_of_logits
 from profkit.model.zero import init_zero_process_group, trainer_deepspeed_config
 from profkit.record.hf import TrainerCallback
 
@@ -105,7 +106,7 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
     def step() -> None:
         batch = next(batches)
         with _autocast(device, autocast):
-            loss = (engine or model)(**batch).loss
+            loss = causal_lm_loss(engine or model, batch, method.loss)
         if engine:
             engine.backward(loss)
             engine.step()
@@ -143,8 +144,13 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
         save_strategy="no", logging_strategy="no", disable_tqdm=True, remove_unused_columns=False,
         dataloader_pin_memory=device == "cuda")
 
+    loss_func = None
+    if method.loss != "fp32":  # the Trainer pops the labels and hands the model's outputs over
+        def loss_func(outputs, labels, num_items_in_batch=None):
+            return loss_of_logits(outputs.logits, labels, method.loss, num_items_in_batch)
+
     def run_loop(make_session) -> None:
-        trainer = Trainer(model=model, args=args, train_dataset=dataset,
+        trainer = Trainer(model=model, args=args, train_dataset=dataset, compute_loss_func=loss_func,
                           callbacks=[TrainerCallback(session_factory=make_session, stop_when_done=True)])
         try:
             trainer.train()

@@ -51,6 +51,7 @@ from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.model.build import check_sequence, decoder_layers, meta_model, model_config
+from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
 
@@ -173,7 +174,8 @@ class SavedForBackward:
     layer_inputs: int  # what a checkpointed layer keeps: its input tensors (unique storages)
     after_layers: int  # final norm, LM head, loss
     at_loss: int  # live while the loss is computed but not saved: the LM head's input, the logits the loss
-    # reads, and the fp32 copy of the logits that transformers' causal-LM loss makes when they are not fp32
+    # reads, and the copies of them the loss makes (profkit.model.loss)
+    loss_backward: int  # the loss' two gradients of the logits' size, live together at the start of backward
 
     def end_of_forward(self, checkpointing: bool) -> int:
         """The forward's high point: at the loss, where the logits are live beside everything saved."""
@@ -266,8 +268,9 @@ def contiguous_batches():
 
 
 def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
-                       gathered: set[int] = frozenset()) -> SavedForBackward:
-    """One training forward on the meta device; every saved tensor counted once per storage.
+                       gathered: set[int] = frozenset(), loss: str = "fp32") -> SavedForBackward:
+    """One training forward on the meta device, the loss computed as ``loss`` computes it (profkit.model.loss);
+    every saved tensor counted once per storage.
 
     ``gathered``: ids of parameters that ZeRO-3 gathers into a fresh buffer for each use and releases
     after; when autograd saves one of those, the saved tensor is that buffer, so it counts like an activation.
@@ -320,19 +323,23 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     try:
         with contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 TargetDevice(target, autocast):
-            out = model(input_ids=batch, labels=batch)
+            if loss == "fp32":  # as the model computes it
+                logits = model(input_ids=batch, labels=batch).logits
+            else:
+                logits = model(input_ids=batch).logits
+                loss_of_logits(logits, batch, loss)
         # The logits the loss reads: the LM head's output, or what the model makes of it (Gemma 2 soft-caps them).
-        logits = out.logits
         at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
-        if logits.dtype != torch.float32:
-            at_loss[("fp32 upcast of the logits", 0)] = logits.numel() * 4
-        del out, logits
+        for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
+            at_loss[(name, 0)] = size
+        loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss)
+        del logits
     finally:
         for h in handles:
             h.remove()
     live_at_loss = sum(b for key, b in at_loss.items() if key not in seen)
     return SavedForBackward(by_region["before"], [by_region.get(n, 0) for n in layer_order],
-                            sum(inputs.values()), by_region["after"], live_at_loss)
+                            sum(inputs.values()), by_region["after"], live_at_loss, loss_backward)
 
 
 def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool = False) -> tuple[dict, dict, list]:
@@ -360,7 +367,27 @@ def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool
     return params, parts, trainable
 
 
-def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: bool, activations: int) -> list[str]:
+def _loss_note(loss: str, logits: int, itemsize: int) -> str:
+    """Which loss the estimate took (``logits``: their element count), and what the others would hold."""
+    gib = 2**30
+    chunked = (f"a chunked or fused cross-entropy (Liger's, torchtune's, litgpt's, Unsloth's) never holds the whole "
+               f"logits, up to {2 * logits * 4 / gib:,.2f} GiB less at the backward's peak")
+    if loss == "fp32":
+        return (f"the loss as transformers >= 4.49 computes it (--loss fp32), on an fp32 copy of the logits "
+                f"({logits * 4 / gib:,.2f} GiB) whose backward holds two gradients of that size: 4.46-4.48 also "
+                f"copied it shifted (--loss fp32-shifted, {logits * 4 / gib:,.2f} GiB more at the loss); {chunked}")
+    if loss == "fp32-shifted":
+        return (f"the loss as transformers 4.46-4.48 computed it (--loss fp32-shifted): an fp32 copy of the logits "
+                f"and a shifted copy of that, {logits * 4 / gib:,.2f} GiB each; transformers >= 4.49 makes no "
+                f"shifted copy (--loss fp32); {chunked}")
+    return (f"the loss in the logits' own dtype after a shifted copy (--loss logits-dtype), as models with a loss of "
+            f"their own computed it before transformers 4.49: transformers >= 4.49 (--loss fp32) computes it on an "
+            f"fp32 copy, whose backward holds two fp32 gradients, about "
+            f"{3 * logits * (4 - itemsize) / gib:,.2f} GiB more at the backward's peak")
+
+
+def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: bool, activations: int,
+                 loss: str = "fp32") -> list[str]:
     """What the estimate took where the user said nothing, and what the other choice gives."""
     per_k = activations * 1000 // max(batch_size * seq_len, 1)
     notes = [f"every sample taken as {seq_len} tokens (packed, or padded to {seq_len}): padded to the longest "
@@ -382,11 +409,8 @@ def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: boo
                          "GiB more")
     vocab = getattr(config, "vocab_size", 0)
     if vocab:
-        logits = batch_size * seq_len * vocab * 4
-        notes.append(f"the loss as transformers computes it, on an fp32 copy of the logits ({logits / 2**30:,.2f} GiB)"
-                     f" whose backward holds two gradients of that size: a chunked or fused cross-entropy (Liger's, "
-                     f"torchtune's, litgpt's, Unsloth's) never holds the whole logits, up to "
-                     f"{2 * logits / 2**30:,.2f} GiB less at the backward's peak")
+        notes.append(_loss_note(loss, batch_size * seq_len * vocab,
+                                (plan.autocast or plan.fsdp_param_dtype or plan.load_dtype).itemsize))
     return notes
 
 
@@ -634,18 +658,18 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
             if prm.is_floating_point() and id(prm) not in four_bit:
                 prm.data = prm.data.to(plan.fsdp_param_dtype)
     with zero3_linear(zero3_linear_saves, unless=four_bit):
-        saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered)
+        saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered, method.loss)
     checkpointing = method.gradient_checkpointing
     forward_activations = saved.end_of_forward(checkpointing)
     backward_activations = saved.during_backward(checkpointing)
     detail.update(saved_before_layers=saved.before_layers, saved_per_layer_max=max(saved.layers),
                   saved_layers_total=sum(saved.layers), saved_after_layers=saved.after_layers,
                   layer_inputs=saved.layer_inputs, live_at_loss=saved.at_loss)
-    # The loss' backward: nll_loss' gradient and log_softmax's, each the size of the fp32 logits (transformers
-    # upcasts them), live together (measured: a CPU recording of micro LoRA holds both at its backward peak).
-    logits_grad = 2 * batch_size * seq_len * config.vocab_size * 4
+    # The loss' backward: nll_loss' gradient and log_softmax's, live together (measured: a CPU recording of micro
+    # LoRA holds both at its backward peak).
+    logits_grad = saved.loss_backward
     detail["loss_backward"] = logits_grad
-    notes += _assumptions(config, plan, batch_size, seq_len, checkpointing, forward_activations)
+    notes += _assumptions(config, plan, batch_size, seq_len, checkpointing, forward_activations, method.loss)
 
     static = {**parts, "optimizer_state": optimizer_state}
     instants = {

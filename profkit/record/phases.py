@@ -80,6 +80,7 @@ class PhaseLabels:
         setattr(obj, attr, replacement)
 
     def remove(self) -> None:
+        self.close_forward()
         self.close_data()
         for h in self.handles:
             h.remove()
@@ -104,6 +105,7 @@ class PhaseLabels:
         # Training only: between one optimizer step and the next forward is the data loading. Inference has
         # no such boundary (generate() calls forward once per token), so its loop labels data itself.
         if self.active and self.data is None and self.session.parts.optimizer is not None:
+            self.close_forward()
             self.data = self._open(labels.DATA)
 
     def close_data(self) -> None:
@@ -119,6 +121,7 @@ class PhaseLabels:
             if name in inside:  # DeepSpeed's step calling a wrapped step, a backward inside a backward
                 return fn(*args, **kwargs)
             inside.add(name)
+            self.close_forward()
             self.now = labels.PHASE_OF_LABEL.get(name, self.now)
             try:
                 with record_function(name):
@@ -133,6 +136,7 @@ class PhaseLabels:
             self.session._take_inventory()
 
     def _optimizer_pre(self) -> None:
+        self.close_forward()
         self._maybe_inventory()
         self.local.optimizer = self._open(labels.OPTIMIZER)
 
@@ -144,6 +148,7 @@ class PhaseLabels:
 
     def _forward_pre(self, module, args, kwargs) -> None:
         self.close_data()
+        self.close_forward()
         stack = self._local("forward", [])
         outermost = not any(stack)
         if self.session.inference:
@@ -159,8 +164,19 @@ class PhaseLabels:
         stack = self._local("forward", [])
         if stack:
             rf = stack.pop()
-            if rf is not None:
+            if rf is not None and not self.session.inference:
+                # The loss runs between the model's forward and backward, outside the model where a script computes
+                # its own (torchtune, a Trainer's compute_loss_func): it is forward work, so the label stays open
+                # until whatever comes next opens its own.
+                self.local.open_forward = rf
+            elif rf is not None:
                 rf.__exit__(None, None, None)
+
+    def close_forward(self) -> None:
+        rf = getattr(self.local, "open_forward", None)
+        if rf is not None:
+            self.local.open_forward = None
+            rf.__exit__(None, None, None)
 
     @staticmethod
     def _recompute_labelled(checkpoint_func: Callable) -> Callable:
