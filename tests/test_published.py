@@ -97,3 +97,25 @@ def test_a_stated_sequence_past_learned_positions_is_read_at_the_cap_and_said():
     rotary = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, vocab_size=512, max_position_embeddings=2048)
     assert _within_positions(read_figure(_row(seq_len="4096", method="full"), MODELS), rotary).seq_len == 4096
+
+
+@pytest.mark.parametrize("version, model_type, loss", [
+    ("", "llama", "fp32"), ("4.49.0", "gpt_bigcode", "fp32"), ("5.13.1", "llama", "fp32"),
+    ("4.48.1", "gpt_bigcode", "logits-dtype"), ("4.48.1", "mistral", "fp32-shifted"),
+    ("4.41.2", "falcon", "logits-dtype"), ("4.41.2", "llama", None), ("4.48.1", "gpt2", None),
+])
+def test_the_loss_is_the_one_the_sources_transformers_computed(version, model_type, loss):
+    models = {"m": {"config": {"model_type": model_type}}}
+    figure = read_figure(_row(model="m", method="full", transformers=version), models)
+    if loss is None:
+        assert figure.method is None and f"the loss transformers {version} computed" in figure.reason
+        return
+    assert figure.method.loss == loss
+    assert any(f"--loss {loss}" in a for a in figure.assumed) == (loss != "fp32")
+
+
+def test_a_4_bit_moe_figure_is_estimated_only_from_transformers_5():
+    models = {"moe": {"config": {"model_type": "mixtral", "num_local_experts": 8}}}
+    qlora = dict(model="moe", method="qlora", quant_type="nf4", double_quant="True")
+    assert "4-bit MoE" in read_figure(_row(**qlora, transformers="4.48.1"), models).reason
+    assert read_figure(_row(**qlora, transformers="5.13.1"), models).method.name == "qlora"

@@ -138,6 +138,8 @@ def read_figure(r, models: dict) -> Figure:
             return Figure(None, model, reason=f"{r.method}: not a method profkit estimates")
         overrides: dict = {}
         if name == "infer_int4":
+            if _experts(models[model].get("config", {})) > 1 and not _transformers_5(r):
+                return Figure(None, model, reason=MOE_4BIT)
             quant = r.quant_type.split(" ")[0].lower()
             if quant not in ("nf4", "fp4"):
                 return Figure(None, model, reason=f"4-bit type not stated ({r.quant_type})")
@@ -188,11 +190,36 @@ def read_figure(r, models: dict) -> Figure:
         if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
             return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
         settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
+    config = models[model].get("config", {})
+    if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
+        return Figure(None, model, reason=MOE_4BIT)
+    try:
+        settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
+    except NotModelled as exc:
+        return Figure(None, model, reason=str(exc))
+    if settings["loss"] != "fp32":
+        assumed.append(f"the loss as transformers {r.transformers} computed it for {config['model_type']} "
+                       f"(--loss {settings['loss']})")
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
         return Figure(None, model, reason=f"setting not understood: {exc}")
     return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, assumed=tuple(assumed))
+
+
+# What profkit builds (transformers 5) is not what a figure from transformers 4 ran.
+MOE_4BIT = ("4-bit MoE: transformers 5 keeps the experts as 3-D tensors that bitsandbytes does not quantize (fp32 "
+            "after peft's k-bit preparation), where transformers 4 quantized one Linear per expert: another "
+            "computation than the figure's")
+
+
+def _experts(config: dict) -> int:
+    return max(int(config.get(key) or 0) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
+
+
+def _transformers_5(r) -> bool:
+    version = re.match(r"(\d+)\.", getattr(r, "transformers", "") or "")
+    return version is not None and int(version.group(1)) >= 5
 
 
 def _lora_targets(text: str) -> str:
@@ -211,6 +238,35 @@ def _lora_targets(text: str) -> str:
                 if name not in names:
                     names.append(name)
     return ",".join(names)
+
+
+# The loss transformers computed before 4.49, read from its 4.41.2, 4.45.2 and 4.48.1 sources. 4.46-4.48: the models
+# that call ForCausalLMLoss (an fp32 copy of the logits, then a shifted copy of it); Granite-MoE and GPT-Neo upcast
+# the same way in their own code. All of them: the models whose own loss took the logits as they came (a shifted
+# copy in their dtype). Before 4.46 the first group upcast inside the model, another form again.
+FP32_SHIFTED_4_46 = frozenset(
+    "aria bamba cohere cohere2 diffllama emu3 gemma gemma2 glm granite jamba jetmoe llama mistral mixtral mllama "
+    "nemotron olmo olmo2 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe stablelm starcoder2 zamba granitemoe "
+    "gpt_neo".split())
+LOGITS_DTYPE_BEFORE_4_49 = frozenset({"gpt_bigcode", "opt", "bloom", "falcon", "gpt_neox"})
+
+
+def loss_of_version(version: str, model_type: str) -> str:
+    """The ``--loss`` form the source's transformers computed for ``model_type``; ``NotModelled`` where profkit has
+    none for it. No version stated: transformers 5's (the default, named by the estimate as its assumption)."""
+    parts = re.match(r"(\d+)\.(\d+)", version or "")
+    if parts is None or (int(parts.group(1)), int(parts.group(2))) >= (4, 49):
+        return "fp32"
+    if model_type in LOGITS_DTYPE_BEFORE_4_49:
+        return "logits-dtype"
+    if (int(parts.group(1)), int(parts.group(2))) >= (4, 46) and model_type in FP32_SHIFTED_4_46:
+        return "fp32-shifted"
+    raise NotModelled(f"the loss transformers {version} computed for {model_type or 'this model'} is not one of the "
+                      "forms profkit models (--loss)")
+
+
+class NotModelled(ValueError):
+    """A figure's setup that profkit does not model; the message says which."""
 
 
 def _within_positions(figure: Figure, config) -> Figure:

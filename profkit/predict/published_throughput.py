@@ -18,7 +18,7 @@ import pandas as pd
 from profkit.core import gpus
 from profkit.core.methods import METHODS, OverrideError, with_overrides
 from profkit.predict.estimate import EstimateError
-from profkit.predict.published import config_of
+from profkit.predict.published import MOE_4BIT, config_of
 from profkit.predict.step_time import predict
 
 SHARDING = {"none": "", "fsdp": "_fsdp", "zero2": "_zero2", "zero3": "_zero3"}
@@ -187,12 +187,6 @@ def measured_tokens_per_gpu(r, batch: int, seq: int, n: int) -> float:
             raise NotPredicted("samples/s without packing: the tokens per sample are not stated")
         return value * seq / n
     raise NotPredicted(f"{unit}: a whole run's time needs its token count, which is not stated")
-
-
-# What profkit builds (transformers 5) is not what these figures ran (every source predates it).
-MOE_4BIT = ("4-bit MoE: transformers 5 keeps the experts as 3-D tensors that bitsandbytes does not quantize (fp32 "
-            "after peft's k-bit preparation), where transformers 4 quantized one Linear per expert: another "
-            "computation than the figure's")
 
 
 def compare_throughput(table: Path, models: Path | None = None, split: str | None = None) -> pd.DataFrame:
