@@ -220,3 +220,22 @@ def test_reserved_estimate_on_cuda_only():
     assert cuda.peak_bytes <= r["low_bytes"] <= r["bytes"] <= r["high_bytes"]
     assert r["bytes"] == int(cuda.peak_bytes * sorted(r["ratios"])[len(r["ratios"]) // 2])
     assert estimate_run(get_method("lora"), settings, "cpu").reserved() is None
+
+
+@pytest.mark.parametrize("upcast", ["--kbit-upcast", "--no-kbit-upcast"])
+def test_qlora_with_and_without_the_kbit_upcast_is_recorded_and_estimated_alike(upcast, tmp_path):
+    """peft's k-bit preparation casts the unquantized weights to fp32 (the residual stream follows); without it
+    (fms-acceleration's preparation) they stay in the load dtype: half the frozen bytes, smaller activations."""
+    out = tmp_path / "traces"
+    result = run_cli("record", "qlora_gc", "--preset", "micro", upcast, "--precision", "bf16-mixed", "--device",
+                     "cpu", "--warmup-steps", "0", "--steps", "1", "-o", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [run] = [p for p in out.iterdir() if p.is_dir()]
+    assert ("no-upcast" in run.name) == (upcast == "--no-kbit-upcast")
+    bd = breakdown([run])
+    assert not bd.failed, bd.problems
+    compared = bd.predicted.set_index("category")
+    _holds(compared)
+    assert abs(compared.loc["peak"].error) <= 0.01
+    frozen = get_preset("micro").config["vocab_size"] * get_preset("micro").config["hidden_size"]
+    assert compared.loc["parameters_frozen"].measured_bytes >= frozen * (4 if upcast == "--kbit-upcast" else 2)

@@ -119,3 +119,10 @@ def test_a_4_bit_moe_figure_is_estimated_only_from_transformers_5():
     qlora = dict(model="moe", method="qlora", quant_type="nf4", double_quant="True")
     assert "4-bit MoE" in read_figure(_row(**qlora, transformers="4.48.1"), models).reason
     assert read_figure(_row(**qlora, transformers="5.13.1"), models).method.name == "qlora"
+
+
+def test_a_stated_k_bit_preparation_without_the_fp32_cast_is_read():
+    row = dict(method="qlora", quant_type="nf4", double_quant="True")
+    assert read_figure(_row(**row), MODELS).method.kbit_upcast
+    plugin = read_figure(_row(**row, kbit_upcast="False (the plugin's own preparation)"), MODELS).method
+    assert not plugin.kbit_upcast and "no-upcast" in plugin.label

@@ -41,6 +41,9 @@ class Method:
     lora_dropout: float = 0.05
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     double_quant: bool = True  # 4-bit: quantize the block scales too (QLoRA's setting)
+    # 4-bit training: peft's k-bit preparation casts the unquantized weights (embeddings, norms, head) to fp32, which
+    # makes the residual stream fp32; some stacks (fms-acceleration's) prepare without that cast.
+    kbit_upcast: bool = True
     # auto: bf16 autocast over fp32 trainable weights on GPUs (fp16 where bf16 is missing), fp32 on CPU.
     precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"] = "auto"
     optimizer: Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd"] = "adamw"
@@ -60,6 +63,8 @@ class Method:
                 out.pop(key)
         if not self.quantization:
             out.pop("double_quant")
+        if not self.quantization or self.kind != "train":
+            out.pop("kbit_upcast")
         if not self.sharded:
             out.pop("offload")
         if not self.fsdp:
@@ -122,6 +127,9 @@ SETTINGS: dict[str, Setting] = {
                            f"4-bit format: {', '.join(QUANT_TYPES)}.", str, QUANT_TYPES),
     "double_quant": _setting("double_quant", "quantized", lambda v: "dq" if v else "no-dq", "--double-quant",
                              "4-bit: quantize the block scales too.", bool),
+    "kbit_upcast": _setting("kbit_upcast", "quantized", lambda v: "upcast" if v else "no-upcast", "--kbit-upcast",
+                            "4-bit training: cast the unquantized weights to fp32 (peft's "
+                            "prepare_model_for_kbit_training), or keep them in the load dtype.", bool),
     "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (pure: weights, "
                           "gradients and optimizer state in bf16).", str, PRECISIONS),
     "optimizer": _setting("optimizer", "train", str, "--optimizer", f"{', '.join(OPTIMIZERS)}.", str, OPTIMIZERS),
@@ -158,7 +166,7 @@ def with_overrides(method: Method, **overrides) -> Method:
         if applies == "quantized" and not method.quantization:
             raise OverrideError(f"{flag} applies to 4-bit methods (qlora..., infer_int4); {method.name} keeps "
                                 "its weights in the model dtype")
-        if applies == "train" and method.kind != "train":
+        if (applies == "train" or option == "kbit_upcast") and method.kind != "train":
             raise OverrideError(f"{flag} applies to training methods; {method.name} is inference")
         if applies == "sharded" and not method.sharded:
             raise OverrideError(f"{flag} applies to sharded methods (ZeRO, FSDP); {method.name} shards nothing")

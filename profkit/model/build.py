@@ -131,7 +131,8 @@ class ModelPlan:
     load_dtype: torch.dtype  # weights that are not quantized, as loaded
     autocast: torch.dtype | None  # the forward's autocast dtype; None: none
     quantization: Any  # transformers' BitsAndBytesConfig, or None
-    kbit_prep: bool  # peft's prepare_model_for_kbit_training (QLoRA's casts of the unquantized weights)
+    kbit_prep: bool  # peft's prepare_model_for_kbit_training (QLoRA's casts of the unquantized weights); without
+    # it (--no-kbit-upcast) the base is frozen by peft's LoRA and checkpointing is enabled as for any method
     gradient_checkpointing: bool
     lora: Any  # peft's LoraConfig, or None
     lora_dtype_follows_base: bool  # bf16-pure: the adapters in bf16 too (peft keeps them fp32 otherwise)
@@ -179,7 +180,8 @@ def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelP
         attention = "sdpa"
         notes.append("--attention flash on CPU: flash-attention 2 is CUDA-only; sdpa runs, which on CPU picks "
                      "PyTorch's own flash kernel for CPU")
-    return ModelPlan(precision, load, autocast, quant, bool(method.quantization) and method.kind == "train",
+    return ModelPlan(precision, load, autocast, quant,
+                     bool(method.quantization) and method.kind == "train" and method.kbit_upcast,
                      method.gradient_checkpointing and method.kind == "train", lora, precision == "bf16-pure",
                      attention, fsdp_param_dtype, tuple(notes))
 

@@ -190,6 +190,8 @@ def read_figure(r, models: dict) -> Figure:
         if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
             return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
         settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
+        if getattr(r, "kbit_upcast", "").startswith("False"):  # a stack that prepares without peft's fp32 cast
+            settings["kbit_upcast"] = False
     config = models[model].get("config", {})
     if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
         return Figure(None, model, reason=MOE_4BIT)
