@@ -18,6 +18,7 @@ import pandas as pd
 from profkit.core import gpus
 from profkit.core.methods import METHODS, OverrideError, with_overrides
 from profkit.predict.estimate import EstimateError
+from profkit.model.build import sequence_limit
 from profkit.predict.published import MOE_4BIT, config_of
 from profkit.predict.step_time import predict
 
@@ -191,7 +192,7 @@ def measured_tokens_per_gpu(r, batch: int, seq: int, n: int) -> float:
 
 def compare_throughput(table: Path, models: Path | None = None, split: str | None = None) -> pd.DataFrame:
     configs = json.loads((models or table.with_name("models.json")).read_text())
-    rows, cache = [], {}
+    rows, cache, limits = [], {}, {}
     for _, r in pd.read_csv(table, dtype=str, keep_default_na=False).iterrows():
         if split and r.split != split:
             continue
@@ -202,6 +203,13 @@ def compare_throughput(table: Path, models: Path | None = None, split: str | Non
             candidates = _gpus(r.gpu)
             method, n = _method(r)
             batch, seq = _number(r.batch_per_device, "batch"), _number(r.seq_len, "sequence length")
+            if key not in limits:
+                limits[key] = sequence_limit(config_of(entry))
+            limit, assumed = limits[key], ""
+            if limit is not None and seq > limit:  # as the memory reader reads it (published._within_positions)
+                assumed = (f"sequence {limit}: the stated {seq} is past the model's {limit} learned positions, which "
+                           "no run can use; trainers cap it there")
+                seq = limit
             measured = measured_tokens_per_gpu(r, batch, seq, n)
             for gpu in candidates:
                 if not gpu.tflops.get("bf16") and not gpu.tflops.get("fp16"):
@@ -221,7 +229,8 @@ def compare_throughput(table: Path, models: Path | None = None, split: str | Non
             row.update(profkit_method=method.label, batch=batch, seq_len=seq,
                        gpu_key=" or ".join(g.key for g in candidates), measured_tokens_per_gpu_s=measured,
                        predicted_tokens_per_gpu_s=predicted, predicted_range=f"{min(each):.3g}-{max(each):.3g}",
-                       error=predicted / measured - 1, bound="/".join(sorted({st.bound for st in steps})), reason="")
+                       error=predicted / measured - 1, bound="/".join(sorted({st.bound for st in steps})), reason="",
+                       assumed=assumed)
         except NotPredicted as exc:
             row["reason"] = str(exc)
         except EstimateError as exc:

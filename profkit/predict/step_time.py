@@ -33,7 +33,7 @@ from profkit.core.bundled import bundled
 from profkit.core.gpus import Gpu
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.build import decoder_layers, meta_model, model_config
+from profkit.model.build import check_sequence, decoder_layers, meta_model, model_config
 from profkit.predict.estimate import EstimateError, contiguous_batches, TargetDevice
 
 CALIBRATION = bundled("step_time") / "calibration.json"
@@ -156,6 +156,7 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
     try:
         with library_output():
             model, quantized, plan = meta_model(method, config, "cuda", torch.bfloat16)
+        check_sequence(model, seq_len)
     except UnsupportedError as exc:  # the model or the method's settings, said before anything runs
         raise EstimateError(f"{method.name}: {exc}") from None
     layers = decoder_layers(model)
