@@ -38,7 +38,8 @@ SETTINGS_TO_TRY = [
     RunSettings(method="qlora_zero3", engine="trainer", nproc=2, repeats=3,
                 overrides={"lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.1, "lora_targets": "q_proj,v_proj",
                            "quant_type": "fp4", "double_quant": False, "precision": "bf16-mixed",
-                           "optimizer": "sgd", "attention": "eager", "offload": "optimizer+params"}),
+                           "optimizer": "sgd", "attention": "eager", "offload": "optimizer+params",
+                           "kbit_upcast": False, "loss": "logits-dtype"}),
     RunSettings(method="lora_fsdp", nproc=2, overrides={"reshard_after_forward": False, "offload": "optimizer+params"}),
 ]
 
