@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from profkit.cli import (breakdown_cmd, estimate_cmd, methods_cmd, recommend_cmd, record_cmd, report_cmd,
@@ -25,4 +27,7 @@ app.command("view")(view_cmd.view)
 
 
 def main() -> None:
+    # transformers' warnings about a config's own quirks (a token id outside the vocabulary) are not the user's
+    # business at the terminal; a user who wants them sets the variable.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     app()
