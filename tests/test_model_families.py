@@ -17,7 +17,7 @@ from profkit.core.methods import UnsupportedError, get_method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import build_model, make_optimizer, position_limit, tokenizer_for
 from profkit.predict.estimate import EstimateError, estimate
-from tests.conftest import invoke
+from tests.conftest import invoke, run_cli
 
 QUICK = dict(warmup_steps=0, timed_steps=1, profiled_steps=1, memory_steps=1)
 SMALL = dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4, vocab_size=4096)
@@ -157,3 +157,14 @@ def test_the_moe_preset_through_the_cli():
     assert estimates["qlora"]["params"]["quantized"] > 0
     assert estimates["full"]["params"]["trainable"] == \
         estimates["qlora"]["params"]["quantized"] + estimates["qlora"]["params"]["frozen"]
+
+
+def test_a_configs_own_quirks_stay_off_the_terminal_and_a_long_sequence_exits_2(tmp_path):
+    """santacoder's config names token ids outside its vocabulary, which transformers warns about on load; the CLI
+    keeps that off the terminal. Its 4096 tokens past 2048 learned positions exit 2 with the reason."""
+    _config("gpt_bigcode", n_embd=64, n_layer=2, n_head=4, n_positions=64, bos_token_id=50256,
+            eos_token_id=50256).save_pretrained(tmp_path)
+    ok = run_cli("estimate", "full_gc", "--model", str(tmp_path), "--seq-len", "64", "--batch-size", "1")
+    assert ok.returncode == 0 and "[transformers]" not in ok.stderr + ok.stdout, ok.stderr
+    long = run_cli("estimate", "full_gc", "--model", str(tmp_path), "--seq-len", "65", "--batch-size", "1")
+    assert long.returncode == 2 and "at most 64 tokens" in " ".join(long.stderr.split())
