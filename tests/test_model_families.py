@@ -113,6 +113,22 @@ def test_every_family_is_estimated_on_a_cuda_target(model_type, name):
         assert any("eager attention" in n for n in e.notes)
 
 
+def test_autocast_lowers_what_cuda_autocast_lowers():
+    """BLOOM's ALiBi attention scores come from ``baddbmm``, which CUDA autocast runs in bf16 (as it does addmm,
+    convolutions and the rest of its list); fp32 inputs beside bf16 ones had failed the meta forward."""
+    e = estimate(get_method("full_gc"), _config("bloom", n_embed=64, n_layer=2, n_head=4), 2, 32, 1, "cuda", "bloom")
+    assert e.peak_bytes > e.at_peak()["parameters_trainable"]
+
+
+def test_the_models_own_code_refusing_a_config_is_named_not_a_traceback():
+    """DeepSeek-V2 with no experts per token set: its router's topk fails inside transformers."""
+    config = _config("deepseek_v2", num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=None,
+                     moe_intermediate_size=32, first_k_dense_replace=0, n_group=1, topk_group=1)
+    with pytest.raises(EstimateError, match=r"the model's code cannot build or run this config \(TypeError in "
+                                            r"transformers/models/deepseek_v2/modeling_deepseek_v2.py:\d+"):
+        estimate(get_method("lora"), config, 1, 16, 1, "cuda", "deepseek_v2")
+
+
 def test_experts_stay_16_bit_under_qlora_and_frozen_experts_save_no_input():
     """bitsandbytes quantizes Linear layers; transformers keeps each layer's experts as one 3-D parameter, so under
     QLoRA they stay unquantized (peft's k-bit preparation makes them fp32). Their grouped matmul saves the experts

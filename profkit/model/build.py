@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 import tempfile
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,21 @@ def build_model(method: Method, settings: RunSettings, device: str):
         model = with_lora(model, p)
     model.train()
     return model
+
+
+MODEL_CODE = ("transformers", "peft")  # where a model's own code lives
+
+
+def library_failure(exc: BaseException) -> str | None:
+    """Where in the model's own code ``exc`` was raised ("transformers/models/deepseek_v2/modeling_deepseek_v2.py:103",
+    the innermost frame of transformers or peft): a model refusing a config (a default it leaves unset, inputs it
+    needs besides tokens). None when no such frame is on the way, so profkit's own bugs keep their traceback."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        parts = Path(frame.filename).parts
+        for i, part in enumerate(parts):
+            if part in MODEL_CODE and {"site-packages", "dist-packages"} & set(parts[:i]):
+                return f"{'/'.join(parts[i:])}:{frame.lineno}"
+    return None
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

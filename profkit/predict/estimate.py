@@ -50,7 +50,7 @@ from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.build import check_sequence, decoder_layers, meta_model, model_config
+from profkit.model.build import check_sequence, decoder_layers, library_failure, meta_model, model_config
 from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
@@ -196,8 +196,13 @@ class SavedForBackward:
 class TargetDevice(torch.overrides.TorchFunctionMode):
     """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
 
-    LOWER = {torch.nn.functional.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__,
-             torch.mm, torch.bmm, torch.Tensor.mm, torch.Tensor.bmm}
+    # CUDA autocast's lower-precision ops (torch.amp's "ops that can autocast to float16"), as Python calls them
+    F = torch.nn.functional
+    LOWER = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm,
+             torch.Tensor.mm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm, torch.Tensor.baddbmm,
+             torch.addbmm, torch.Tensor.addbmm, torch.addmv, torch.Tensor.addmv, torch.addr, torch.Tensor.addr,
+             torch.mv, torch.Tensor.mv, torch.chain_matmul, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d,
+             F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu}
     # MoE experts' grouped matmul, [tokens, K] x [experts, K, N]. Not autocast-enabled (transformers casts the input
     # to the experts' dtype); torch's meta kernel takes bf16 only where the device kernels take fp32 too.
     GROUPED = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
@@ -553,6 +558,13 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: the meta-device forward "
                                 f"that counts what autograd saves failed ({type(exc).__name__}: {first})") from None
+        except Exception as exc:  # the model's own code refusing this config (a default it leaves unset)
+            where = library_failure(exc)
+            if where is None:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: the model's code cannot "
+                                f"build or run this config ({type(exc).__name__} in {where}: {first})") from None
 
 
 def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int, target: Target,
