@@ -70,7 +70,8 @@ class Method:
         if not self.fsdp:
             out.pop("reshard_after_forward")
         if self.kind == "infer":
-            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp", "loss"):
+            for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
+                        "loss"):
                 out.pop(key, None)
         if not self.variant:
             out.pop("variant")

@@ -235,15 +235,17 @@ def build_model(method: Method, settings: RunSettings, device: str):
 MODEL_CODE = ("transformers", "peft")  # where a model's own code lives
 
 
-def library_failure(exc: BaseException) -> str | None:
-    """Where in the model's own code ``exc`` was raised ("transformers/models/deepseek_v2/modeling_deepseek_v2.py:103",
-    the innermost frame of transformers or peft): a model refusing a config (a default it leaves unset, inputs it
-    needs besides tokens). None when no such frame is on the way, so profkit's own bugs keep their traceback."""
+def model_code_refusal(exc: BaseException) -> str | None:
+    """What to tell the user when the model's own code refused a config (a default it leaves unset, inputs it needs
+    besides tokens): the exception and the innermost transformers or peft frame it passed. None when no such frame
+    is on the way, so profkit's own bugs keep their traceback."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
         parts = Path(frame.filename).parts
         for i, part in enumerate(parts):
             if part in MODEL_CODE and {"site-packages", "dist-packages"} & set(parts[:i]):
-                return f"{'/'.join(parts[i:])}:{frame.lineno}"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                return (f"the model's code cannot build or run this config ({type(exc).__name__} in "
+                        f"{'/'.join(parts[i:])}:{frame.lineno}: {first})")
     return None
 
 

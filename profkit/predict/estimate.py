@@ -50,7 +50,7 @@ from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.build import check_sequence, decoder_layers, library_failure, meta_model, model_config
+from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
 from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
@@ -559,12 +559,10 @@ def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: 
             raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: the meta-device forward "
                                 f"that counts what autograd saves failed ({type(exc).__name__}: {first})") from None
         except Exception as exc:  # the model's own code refusing this config (a default it leaves unset)
-            where = library_failure(exc)
-            if where is None:
+            refusal = model_code_refusal(exc)
+            if refusal is None:
                 raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: the model's code cannot "
-                                f"build or run this config ({type(exc).__name__} in {where}: {first})") from None
+            raise EstimateError(f"{method.name} on {model_name or type(config).__name__}: {refusal}") from None
 
 
 def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int, target: Target,

@@ -33,7 +33,7 @@ from profkit.core.bundled import bundled
 from profkit.core.gpus import Gpu
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
-from profkit.model.build import check_sequence, decoder_layers, library_failure, meta_model, model_config
+from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
 from profkit.model.loss import causal_lm_loss
 from profkit.predict.estimate import EstimateError, contiguous_batches, TargetDevice
 
@@ -160,12 +160,11 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
         check_sequence(model, seq_len)
     except UnsupportedError as exc:  # the model or the method's settings, said before anything runs
         raise EstimateError(f"{method.name}: {exc}") from None
-    except Exception as exc:
-        where = library_failure(exc)
-        if where is None:
+    except Exception as exc:  # the model's own code refusing this config, as the memory estimate says it
+        refusal = model_code_refusal(exc)
+        if refusal is None:
             raise
-        raise EstimateError(f"{method.name}: the model's code cannot build this config ({type(exc).__name__} in "
-                            f"{where}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from None
+        raise EstimateError(f"{method.name}: {refusal}") from None
     layers = decoder_layers(model)
     rec = _Recorder()
     nf4_calls: list[tuple[bool, int, int]] = []  # (in a layer, weight elements, packed bytes)
@@ -195,12 +194,10 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
         raise EstimateError(f"{method.name}: the meta-device training step that counts the work failed ({first})") \
             from None
     except Exception as exc:  # the model's own code refusing this config, as the memory estimate says it
-        where = library_failure(exc)
-        if where is None:
+        refusal = model_code_refusal(exc)
+        if refusal is None:
             raise
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise EstimateError(f"{method.name}: the model's code cannot run this config ({type(exc).__name__} in "
-                            f"{where}: {first})") from None
+        raise EstimateError(f"{method.name}: {refusal}") from None
     finally:
         for h in handles:
             h.remove()
