@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 from transformers import AutoConfig
 
-from profkit.predict.published import COUNTERS, _within_positions, compare_wide, read_figure
+from profkit.model.build import sequence_limit
+from profkit.predict.published import COUNTERS, compare_wide, read_figure, within_positions
 
 DATA = Path(__file__).parent / "data" / "published"
 MODELS = {"Llama 2 7B": {"config": {}, "names": ["Llama-2-7b"]}, "Qwen (v1)": {"unsupported": "custom code"}}
@@ -92,11 +93,11 @@ def test_a_setting_stated_in_words_profkit_has_no_value_for_is_named():
 def test_a_stated_sequence_past_learned_positions_is_read_at_the_cap_and_said():
     """fms-acceleration states 4096 tokens for santacoder (2048 learned positions): its trainer capped them."""
     config = AutoConfig.for_model("gpt_bigcode", n_embd=64, n_layer=2, n_head=4, n_positions=2048, vocab_size=512)
-    figure = _within_positions(read_figure(_row(seq_len="4096", method="full"), MODELS), config)
-    assert figure.seq_len == 2048 and "past the model's 2048 learned positions" in figure.assumed[-1]
+    seq_len, assumed = within_positions(4096, 4096, sequence_limit(config))
+    assert seq_len == 2048 and "past the model's 2048 learned positions" in assumed
     rotary = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, vocab_size=512, max_position_embeddings=2048)
-    assert _within_positions(read_figure(_row(seq_len="4096", method="full"), MODELS), rotary).seq_len == 4096
+    assert within_positions(4096, 4096, sequence_limit(rotary)) == (4096, "")
 
 
 @pytest.mark.parametrize("version, model_type, loss", [

@@ -219,9 +219,15 @@ def _experts(config: dict) -> int:
     return max(int(config.get(key) or 0) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
+def _version(text: str) -> tuple[int, int] | None:
+    """A stated transformers version's (major, minor); None where none is stated."""
+    parts = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(parts.group(1)), int(parts.group(2))) if parts else None
+
+
 def _transformers_5(r) -> bool:
-    version = re.match(r"(\d+)\.", getattr(r, "transformers", "") or "")
-    return version is not None and int(version.group(1)) >= 5
+    version = _version(getattr(r, "transformers", ""))
+    return version is not None and version >= (5, 0)
 
 
 def _lora_targets(text: str) -> str:
@@ -256,12 +262,12 @@ LOGITS_DTYPE_BEFORE_4_49 = frozenset({"gpt_bigcode", "opt", "bloom", "falcon", "
 def loss_of_version(version: str, model_type: str) -> str:
     """The ``--loss`` form the source's transformers computed for ``model_type``; ``NotModelled`` where profkit has
     none for it. No version stated: transformers 5's (the default, named by the estimate as its assumption)."""
-    parts = re.match(r"(\d+)\.(\d+)", version or "")
-    if parts is None or (int(parts.group(1)), int(parts.group(2))) >= (4, 49):
+    stated = _version(version)
+    if stated is None or stated >= (4, 49):
         return "fp32"
     if model_type in LOGITS_DTYPE_BEFORE_4_49:
         return "logits-dtype"
-    if (int(parts.group(1)), int(parts.group(2))) >= (4, 46) and model_type in FP32_SHIFTED_4_46:
+    if stated >= (4, 46) and model_type in FP32_SHIFTED_4_46:
         return "fp32-shifted"
     raise NotModelled(f"the loss transformers {version} computed for {model_type or 'this model'} is not one of the "
                       "forms profkit models (--loss)")
@@ -271,16 +277,16 @@ class NotModelled(ValueError):
     """A figure's setup that profkit does not model; the message says which."""
 
 
-def _within_positions(figure: Figure, config) -> Figure:
-    """A stated sequence past the model's learned positions cannot have run: trainers cap it at the tokenizer's
-    length, the model's (fms-hf-tuning and transformers' run_clm take min(max_seq_length, model_max_length))."""
-    limit = sequence_limit(config)
-    fed = figure.seq_len + (figure.new_tokens - 1 if figure.method.kind == "infer" else 0)
+def within_positions(seq_len: int, fed: int, limit: int | None) -> tuple[int, str]:
+    """The sequence a figure ran and the assumption taken: a stated sequence whose ``fed`` tokens are past the
+    model's learned positions (``limit``; None for rotary and ALiBi models) cannot have run, and trainers cap it at
+    the tokenizer's length, the model's (fms-hf-tuning and transformers' run_clm take min(max_seq_length,
+    model_max_length))."""
     if limit is None or fed <= limit:
-        return figure
-    return replace(figure, seq_len=limit - (fed - figure.seq_len), assumed=(*figure.assumed, (
-        f"sequence {limit}: the stated {figure.seq_len} is past the model's {limit} learned positions, which no run "
-        "can use; trainers cap it there (the tokenizer's model_max_length)")))
+        return seq_len, ""
+    return limit - (fed - seq_len), (f"sequence {limit}: the stated {seq_len} is past the model's {limit} learned "
+                                     "positions, which no run can use; trainers cap it there (the tokenizer's "
+                                     "model_max_length)")
 
 
 def compare_wide(table: Path, models: Path | None = None, split: str | None = None,
@@ -290,7 +296,7 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
     relative error, or the reason there is none (a setting not stated, a setup not modelled, the estimate's own
     refusal); ``static_bytes``, the least any run with the stated settings holds."""
     configs = json.loads((models or table.with_name("models.json")).read_text())
-    rows = []
+    rows, limits = [], {}  # limits: each model's learned positions, built once
     for _, r in pd.read_csv(table, dtype=str, keep_default_na=False).iterrows():
         if (split and r.split != split) or (counter and COUNTERS.get(r.counter) != counter):
             continue
@@ -303,8 +309,13 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                "assumed": "; ".join(figure.assumed), "static_bytes": None, "notes": ""}
         if figure.method is not None:
             config = config_of(configs[figure.model])
-            figure = _within_positions(figure, config)
-            row.update(seq_len=figure.seq_len, assumed="; ".join(figure.assumed))
+            if figure.model not in limits:
+                limits[figure.model] = sequence_limit(config)
+            fed = figure.seq_len + (figure.new_tokens - 1 if figure.method.kind == "infer" else 0)
+            seq_len, capped = within_positions(figure.seq_len, fed, limits[figure.model])
+            if capped:
+                figure = replace(figure, seq_len=seq_len, assumed=(*figure.assumed, capped))
+                row.update(seq_len=seq_len, assumed="; ".join(figure.assumed))
             try:
                 e = estimate(figure.method, config, figure.batch_size, figure.seq_len, figure.world_size, "cuda",
                              figure.model, new_tokens=figure.new_tokens)

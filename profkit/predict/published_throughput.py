@@ -19,7 +19,7 @@ from profkit.core import gpus
 from profkit.core.methods import METHODS, OverrideError, with_overrides
 from profkit.predict.estimate import EstimateError
 from profkit.model.build import sequence_limit
-from profkit.predict.published import MOE_4BIT, config_of
+from profkit.predict.published import MOE_4BIT, config_of, within_positions
 from profkit.predict.step_time import predict
 
 SHARDING = {"none": "", "fsdp": "_fsdp", "zero2": "_zero2", "zero3": "_zero3"}
@@ -205,11 +205,7 @@ def compare_throughput(table: Path, models: Path | None = None, split: str | Non
             batch, seq = _number(r.batch_per_device, "batch"), _number(r.seq_len, "sequence length")
             if key not in limits:
                 limits[key] = sequence_limit(config_of(entry))
-            limit, assumed = limits[key], ""
-            if limit is not None and seq > limit:  # as the memory reader reads it (published._within_positions)
-                assumed = (f"sequence {limit}: the stated {seq} is past the model's {limit} learned positions, which "
-                           "no run can use; trainers cap it there")
-                seq = limit
+            seq, assumed = within_positions(seq, seq, limits[key])
             measured = measured_tokens_per_gpu(r, batch, seq, n)
             for gpu in candidates:
                 if not gpu.tflops.get("bf16") and not gpu.tflops.get("fp16"):
