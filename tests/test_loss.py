@@ -9,7 +9,7 @@ import json
 import pytest
 
 from profkit.core.methods import LOSSES
-from tests.conftest import recorded, run_cli
+from tests.conftest import invoke, recorded, run_cli
 
 
 @pytest.mark.parametrize("loss, engine, precision", [
@@ -29,3 +29,5 @@ def test_each_loss_form_is_recorded_and_estimated_alike(loss, engine, precision,
     for category in ("activations", "peak"):
         assert abs(compared[category]["error"]) <= 0.001, compared[category]
     assert compared["activations"]["phase"] == "forward"
+    narrow = invoke("breakdown", str(run), env={"COLUMNS": "80"}).stdout  # a long run name at 80 columns
+    assert "…" not in narrow and all(len(line) <= 80 for line in narrow.splitlines())

@@ -103,16 +103,19 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     }
     cells = {col: [fmt(r) for _, r in bd.runs.iterrows()] for col, fmt in columns.items()}
     shown = [col for col in columns if col in ("run", "status") or any(v != "-" for v in cells[col])]
-    label = _run_labels(list(bd.runs.run), out.width, sum(max(len(v) for v in cells[c]) + 1 for c in shown[1:]))
+    # A column is as wide as its widest value or header line: a header is never cut to "sta…" either.
+    widths = {col: max(len(v) for v in [*cells[col], *col.split("\n")]) for col in shown}
+    label = _run_labels(list(bd.runs.run), out.width, sum(widths[c] + 1 for c in shown[1:]))
     if any(label[r] != r for r in label):
         out.print("Runs are shown by number: a name would not fit the tables at this width.", highlight=False)
         for run, short in label.items():
             out.print(f"  {short}  {escape(run)}", highlight=False)
     cells["run"] = [label[r] for r in bd.runs.run]
+    widths["run"] = max(len(v) for v in [*cells["run"], "run"])
     runs = Table(title="Runs", box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     for col in shown:
         runs.add_column(col, justify="left" if col in ("run", "status") else "right", no_wrap=True,
-                        min_width=max(len(v) for v in cells[col]))
+                        min_width=widths[col])
     for i in range(len(bd.runs)):
         runs.add_row(*[cells[col][i] for col in shown])
     reasons = [f"{r['run']}: {r['reason']}" for _, r in bd.runs.iterrows() if isinstance(r.get("reason"), str)]
