@@ -103,8 +103,11 @@ def test_settings_map_onto_fully_shard():
     assert (changed.reshard_after_forward, changed.offload, changed.label) == (
         False, "optimizer+params", "lora_fsdp-offload-optimizer-params-no-reshard")
     # Mixed precision is FSDP's policy, not autocast; 4-bit weights are packed into the frozen weights' dtype.
-    p = plan(with_overrides(get_method("qlora_fsdp"), precision="bf16-mixed"), "cuda", torch.bfloat16)
+    mixed = with_overrides(get_method("qlora_fsdp"), precision="bf16-mixed")
+    p = plan(mixed, "cuda", torch.bfloat16)
     assert p.autocast is None and p.fsdp_param_dtype == torch.bfloat16
+    # Through the Trainer, accelerate runs autocast beside the policy.
+    assert plan(mixed, "cuda", torch.bfloat16, "trainer").autocast == torch.bfloat16
     assert p.quantization.bnb_4bit_quant_storage == p.load_dtype == torch.bfloat16
     assert plan(get_method("qlora"), "cuda", torch.bfloat16).autocast == torch.bfloat16
 

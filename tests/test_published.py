@@ -57,6 +57,8 @@ def test_stated_settings_become_the_method_and_assumptions_are_named():
                             offload="params (FSDP CPU offload)"), MODELS)
     assert fsdp.method.name == "lora_fsdp_gc" and fsdp.world_size == 4 and fsdp.method.offload == "optimizer+params"
     assert any("FSDP1 estimated as FSDP2" in a for a in fsdp.assumed)
+    # run through accelerate: the Trainer's engine, whose FSDP also autocasts
+    assert (fsdp.engine, zero.engine) == ("trainer", "loop")
 
 
 @pytest.mark.parametrize("stated, targets", [

@@ -46,7 +46,7 @@ def run_estimates(methods: list[Method], settings: RunSettings, device: str, wor
         fail_usage(f"cannot build {settings.model_path or settings.preset} on the meta device: {exc}")
 
 
-@options.run_options("preset", "model_path", "batch_size", "seq_len", "max_new_tokens")
+@options.run_options("preset", "model_path", "batch_size", "seq_len", "max_new_tokens", "engine")
 @options.method_options
 def estimate(
     methods: list[str] = typer.Argument(None, help=f"Methods: training ({', '.join(TRAINING)}) or generation "

@@ -128,8 +128,7 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
     ``fsdp_config`` (accelerate's plugin)."""
     blocks = token_blocks(tokenizer, settings)
     dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
-    p = plan(method, device)
-    half = p.autocast or p.fsdp_param_dtype  # accelerate takes its FSDP policy's dtype (and autocast) from these
+    half = plan(method, device, engine="trainer").autocast  # accelerate sets its FSDP policy and autocast from it
     if method.zero_stage:
         init_zero_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")

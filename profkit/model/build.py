@@ -142,9 +142,10 @@ class ModelPlan:
     notes: tuple[str, ...] = ()
 
 
-def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelPlan:
+def plan(method: Method, device: str, half: torch.dtype | None = None, engine: str = "loop") -> ModelPlan:
     """``half``: the device's half precision (default: what this machine's ``device`` supports; the estimator
-    passes bf16 for a CUDA target it does not have)."""
+    passes bf16 for a CUDA target it does not have). ``engine``: profkit's loop or the Trainer, which differ in
+    one thing here, FSDP's mixed precision."""
     half = half or half_dtype(device)
     notes: list[str] = []
     precision = method.precision
@@ -161,7 +162,11 @@ def plan(method: Method, device: str, half: torch.dtype | None = None) -> ModelP
     autocast = half if precision.endswith("-mixed") else None
     fsdp_param_dtype = None
     if method.fsdp and autocast is not None:
-        fsdp_param_dtype, autocast = autocast, None  # FSDP's policy casts what it gathers instead
+        # FSDP's policy casts what it gathers. profkit's loop (torchtitan's way) runs no autocast beside it; the
+        # Trainer does: accelerate turns autocast on for bf16 under FSDP too (not under DeepSpeed), and autocast's
+        # float32 ops (norms, softmax) then run in fp32 on the gathered bf16 weights.
+        fsdp_param_dtype = autocast
+        autocast = autocast if engine == "trainer" else None
     quant = None
     if method.quantization:
         compute = half if half != torch.float32 else torch.float32
@@ -318,11 +323,12 @@ class _MetaNF4Linear(torch.nn.Linear):
         return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
-def meta_model(method: Method, config, device: str, half: torch.dtype | None = None) -> tuple[Any, set[str], ModelPlan]:
+def meta_model(method: Method, config, device: str, half: torch.dtype | None = None,
+               engine: str = "loop") -> tuple[Any, set[str], ModelPlan]:
     """The model ``build_model`` would build, following the same ``plan``, on the meta device (shapes and dtypes,
     no memory), and the names of the parameters that would be stored in 4 bits. Used by the estimator; no
     weights needed."""
-    p = plan(method, device, half)
+    p = plan(method, device, half, engine)
     attention = "sdpa" if p.attn_implementation == "flash_attention_2" else p.attn_implementation  # same saves
     attention, note = attention_for(config, attention)
     if note:

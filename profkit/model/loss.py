@@ -55,9 +55,17 @@ def live_beside_logits(shape: tuple[int, int, int], logits_dtype: torch.dtype, f
     return copies
 
 
-def gradient_bytes(shape: tuple[int, int, int], logits_dtype: torch.dtype, form: str) -> int:
+def gradient_bytes(shape: tuple[int, int, int], logits_dtype: torch.dtype, form: str,
+                   autocast_device: str | None = None) -> int:
     """The loss' backward: nll_loss' gradient and log_softmax's, live together, each the size of the logits (less
-    one position when shifted) in the dtype cross-entropy ran in."""
+    one position when shifted) in the dtype cross-entropy ran in. Under autocast a 16-bit cross-entropy is not
+    all 16-bit: on CUDA its nll_loss runs in fp32 (an fp32 gradient beside its 16-bit cast), on CPU all of it."""
     batch, seq, vocab = shape
-    itemsize = logits_dtype.itemsize if form == "logits-dtype" else 4
-    return 2 * batch * (seq if form == "fp32" else seq - 1) * vocab * itemsize
+    elements = batch * (seq if form == "fp32" else seq - 1) * vocab
+    if form != "logits-dtype" or logits_dtype == torch.float32:
+        return 2 * elements * 4
+    if autocast_device == "cuda":
+        return elements * (4 + logits_dtype.itemsize)
+    if autocast_device == "cpu":
+        return 2 * elements * 4
+    return 2 * elements * logits_dtype.itemsize

@@ -18,11 +18,14 @@ quantizes. From it:
   (``model.zero.zero_buffers``), and what ZeRO partitions across
   ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too.
 
-Two things the meta device does not do as the target device would, so they are set here (the reason for
+Three things the meta device does not do as the target device would, so they are set here (the reason for
 hand-written code): the scaled-dot-product-attention kernel (on meta, PyTorch always picks the math kernel,
 which saves the full attention matrix; the CPU and CUDA flash kernels save only q, k, v, the output and a
-log-sum-exp), and autocast (it does not dispatch on meta tensors; the CUDA target trains under bf16
-autocast, so linear layers and attention see bf16 copies of their inputs and weights).
+log-sum-exp); CUDA's dropout (a fused kernel keeping a bool mask, where meta keeps one in the input's dtype);
+and autocast (it does not dispatch on meta tensors). Under autocast, linear layers and attention see 16-bit
+copies of their inputs and weights, and autocast's float32 ops (on CUDA norms, softmax, exp, pow, the losses)
+return fp32. tests/test_autocast_stand_in.py holds the stand-in to PyTorch's own autocast and dropout kernels,
+run without a GPU on fake CUDA tensors.
 
 Predictions are for three instants of a step: ``forward`` (its end), ``backward`` and ``optimizer``; for
 generate(), the prompt's pass (``prefill``) and the last new token's (``decode``). The peak is allocated bytes
@@ -193,6 +196,17 @@ class SavedForBackward:
                    self.before_layers + self.layer_inputs + max(self.layers, default=0))
 
 
+_FP32_LOSSES = ("binary_cross_entropy_with_logits cosine_embedding_loss hinge_embedding_loss kl_div l1_loss huber_loss "
+                "margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss nll_loss poisson_nll_loss "
+                "smooth_l1_loss soft_margin_loss triplet_margin_loss")
+
+
+def _callables(names: str) -> set:
+    """Every Python callable by which an op of these names is called: torch's, the Tensor method, F's, linalg's."""
+    spaces = (torch, torch.Tensor, torch.nn.functional, torch.linalg)
+    return {getattr(space, name) for name in names.split() for space in spaces if hasattr(space, name)}
+
+
 class TargetDevice(torch.overrides.TorchFunctionMode):
     """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
 
@@ -203,6 +217,19 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
              torch.addbmm, torch.Tensor.addbmm, torch.addmv, torch.Tensor.addmv, torch.addr, torch.Tensor.addr,
              torch.mv, torch.Tensor.mv, torch.chain_matmul, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d,
              F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu}
+    # Autocast's float32 ops: their floating inputs are cast to fp32, so they return, and save, fp32. A LayerNorm
+    # on a bf16 residual stream saves an fp32 copy of it and returns fp32, and a 4-bit layer casts its output back
+    # to its input's dtype, so under CUDA autocast a LayerNorm model's layers run in fp32 between the matmuls.
+    # torch.amp's lists ("ops that can autocast to float32"), each checked against the real autocast kernels by
+    # tests/test_autocast_stand_in.py. CPU autocast keeps norms and softmax in the input's dtype.
+    FP32 = {"cuda": _callables("acos asin cosh erfinv exp expm1 log log10 log1p log2 reciprocal rsqrt sinh tan pow "
+                               "__pow__ __rpow__ __rtruediv__ __rdiv__ dist cdist pdist renorm cosine_similarity "
+                               "layer_norm group_norm rms_norm softplus logsumexp " + _FP32_LOSSES),
+            "cpu": _callables("cdist prod cross_entropy binary_cross_entropy " + _FP32_LOSSES)}
+    # Float32 ops that take a dtype: run with dtype=fp32 unless one is given, so the output is fp32 but no fp32
+    # copy of the input is made (softmax's half-to-float kernels).
+    FP32_OUTPUT = {"cuda": _callables("softmax log_softmax softmin cumsum cumprod prod sum norm vector_norm"),
+                   "cpu": set()}
     # MoE experts' grouped matmul, [tokens, K] x [experts, K, N]. Not autocast-enabled (transformers casts the input
     # to the experts' dtype); torch's meta kernel takes bf16 only where the device kernels take fp32 too.
     GROUPED = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
@@ -211,6 +238,7 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.target, self.half = target, autocast
         self.autocast = autocast is not None
+        self.fp32, self.fp32_output = self.FP32[target], self.FP32_OUTPUT[target]
         # autocast caches casts of leaf weights per forward; the weight is kept with its cast so that its id is
         # never another tensor's (ZeRO-3's linear casts a fresh leaf view of each weight)
         self.cast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -236,9 +264,32 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
             # experts' rows add up to the input's), what autograd saves (each operand where the other needs a
             # gradient: a frozen expert keeps its input unsaved) and its gradients' shapes; it runs backward too.
             return args[0] @ args[1][0]
+        if func is torch.nn.functional.dropout and self.target == "cuda" and _dropping(*args, **kwargs):
+            # CUDA's dropout is the fused kernel, which keeps a bool mask; meta's (like CPU's) keeps a mask in the
+            # input's dtype, twice or four times the bytes
+            return torch.native_dropout(args[0], kwargs.get("p", args[1] if len(args) > 1 else 0.5), True)[0]
         if self.autocast and func in self.LOWER:
             args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
+        elif self.autocast and func in self.fp32:
+            args, kwargs = tuple(_to_fp32(a) for a in args), {k: _to_fp32(v) for k, v in kwargs.items()}
+        elif self.autocast and func in self.fp32_output and kwargs.get("dtype") is None and _lower(args[0]):
+            kwargs = {**kwargs, "dtype": torch.float32}
+        elif self.autocast and func is torch.nn.functional.cross_entropy and self.target == "cuda" \
+                and _lower(args[0]):
+            return self._cuda_cross_entropy(*args, **kwargs)
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _cuda_cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                            reduction="mean", label_smoothing=0.0):
+        """CUDA autocast has no rule for cross_entropy itself: its log-softmax is asked for the input's dtype and
+        keeps it; its nll_loss is a float32 op, so it saves an fp32 copy of the log-probabilities."""
+        dim = 1 if input.dim() >= 2 else 0
+        log_probs = torch.nn.functional.log_softmax(input, dim, dtype=input.dtype)
+        if label_smoothing or target.is_floating_point():  # not modelled part by part: all of it on the copy
+            return torch.nn.functional.cross_entropy(log_probs.float(), target, weight, None, ignore_index, None,
+                                                     reduction, label_smoothing)
+        return torch.nn.functional.nll_loss(log_probs.float(), target, weight, None, ignore_index, None, reduction)
 
     def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -257,6 +308,18 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
             v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
         return torch.ops.aten._scaled_dot_product_efficient_attention(
             q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
+
+
+def _dropping(input, p=0.5, training=True, inplace=False) -> bool:
+    return bool(p) and training and not inplace and input.is_floating_point()
+
+
+def _lower(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16)
+
+
+def _to_fp32(x):
+    return x.float() if _lower(x) else x
 
 
 @contextlib.contextmanager
@@ -337,7 +400,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
         at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
         for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
             at_loss[(name, 0)] = size
-        loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss)
+        loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss, target if autocast else None)
         del logits
     finally:
         for h in handles:
@@ -525,8 +588,11 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
              + ("" if method.reshard_after_forward else "; --no-reshard-after-forward: every layer stays gathered "
                 "from its forward to its backward")]
     if gathered_dtype is not None:
-        notes.append(f"FSDP mixed precision: parameters gathered and computed in "
-                     f"{str(gathered_dtype).removeprefix('torch.')}, gradients reduced in fp32, no autocast")
+        dtype = str(gathered_dtype).removeprefix("torch.")
+        notes.append(f"FSDP mixed precision: parameters gathered and computed in {dtype}, gradients reduced in fp32"
+                     + (f", and the Trainer's {dtype} autocast beside it (accelerate's)" if plan.autocast else
+                        ", no autocast (profkit's loop; through the Trainer, --engine trainer, accelerate also "
+                        "autocasts, and its float32 ops, LayerNorm and softmax among them, return fp32)"))
     host: dict[str, int] = {}
     if method.offload != "none":
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
@@ -574,7 +640,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     if world_size > 1 and not method.sharded:
         raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO or FSDP method (plain data parallelism "
                             "replicates everything; estimate with --world-size 1)")
-    model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None)
+    model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None,
+                                          engine)
     check_sequence(model, seq_len)
     notes: list[str] = list(plan.notes)
     if target == "cuda" and method.precision == "auto" and not method.fsdp:

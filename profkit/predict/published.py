@@ -81,6 +81,7 @@ class Figure:
     seq_len: int = 0
     world_size: int = 1
     new_tokens: int = 1
+    engine: str = "loop"  # "trainer": run through accelerate (the HF Trainer), as the source states
     reason: str = ""
     assumed: tuple[str, ...] = ()
 
@@ -206,7 +207,9 @@ def read_figure(r, models: dict) -> Figure:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
         return Figure(None, model, reason=f"setting not understood: {exc}")
-    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, assumed=tuple(assumed))
+    engine = "trainer" if "accelerate" in sharding else "loop"
+    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, engine,
+                  assumed=tuple(assumed))
 
 
 # What profkit builds (transformers 5) is not what a figure from transformers 4 ran.
@@ -318,7 +321,7 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                 row.update(seq_len=seq_len, assumed="; ".join(figure.assumed))
             try:
                 e = estimate(figure.method, config, figure.batch_size, figure.seq_len, figure.world_size, "cuda",
-                             figure.model, new_tokens=figure.new_tokens)
+                             figure.model, figure.engine, new_tokens=figure.new_tokens)
             except EstimateError as exc:
                 row["reason"] = f"refused: {exc}"
             else:
