@@ -4,31 +4,18 @@ transformers itself cannot build are skipped by name, with transformers' own err
 
 from __future__ import annotations
 
-from transformers import AutoConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from profkit.core.methods import get_method
+from profkit.model.build import shrunk_default_config
 from profkit.predict.estimate import EstimateError, estimate
-
-LAYERS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-
-
-def _shrunk(model_type: str):
-    config = AutoConfig.for_model(model_type)
-    for key in LAYERS:
-        if isinstance(getattr(config, key, None), int):
-            try:
-                setattr(config, key, 2)
-            except (AttributeError, ValueError, TypeError):  # a config that derives it from per-layer lists
-                pass
-    return config
 
 
 def test_every_architecture_is_estimated_or_refused_with_a_reason():
     crashed, estimated, refused, unbuildable = [], 0, 0, 0
     for model_type in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES):
         try:
-            config = _shrunk(model_type)
+            config = shrunk_default_config(model_type)
         except Exception:  # transformers' own default config fails its own validation: nothing to estimate
             unbuildable += 1
             continue

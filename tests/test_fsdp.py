@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from profkit import store
 from profkit.analyze import breakdown, ranks
@@ -15,9 +16,9 @@ from profkit.core.methods import METHODS, UnsupportedError, get_method, with_ove
 from profkit.core.settings import RunSettings
 from profkit.launch.workload import build
 from profkit.model.build import plan
-from profkit.predict.estimate import estimate_run
+from profkit.predict.estimate import estimate, estimate_run
 from profkit.report import findings
-from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS, torchrun
+from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS, invoke, torchrun
 
 STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
 
@@ -196,3 +197,27 @@ def test_offload_moves_state_to_the_host_and_says_how_much(method):
         assert sum(moved.host.get(c, 0) for c in ("parameters_trainable", "parameters_frozen",
                                                   "parameters_quantized")) > 0
     assert moved.peak_bytes < kept.peak_bytes
+
+
+def test_the_trainers_fsdp_is_estimated_with_accelerates_autocast():
+    """Through the Trainer (--engine trainer), accelerate runs autocast beside FSDP's mixed precision; profkit's loop
+    does not. The estimate says which it took. On a LayerNorm model autocast's fp32 norms make the activations
+    larger; Llama's norms upcast by themselves, so there it changes nothing."""
+    runs = {}
+    for engine in ("loop", "trainer"):
+        result = invoke("estimate", "lora_fsdp", "--engine", engine, "--precision", "bf16-mixed", "--world-size", "2",
+                        "--preset", "micro", "--format", "json")
+        assert result.returncode == 0, result.stderr
+        [runs[engine]] = json.loads(result.stdout)
+    assert runs["trainer"]["settings"]["engine"] == "trainer"
+    assert any("the Trainer's bfloat16 autocast beside it" in n for n in runs["trainer"]["notes"])
+    assert any("no autocast (profkit's loop" in n for n in runs["loop"]["notes"])
+    assert runs["trainer"]["instants"] == runs["loop"]["instants"]
+    gpt2 = AutoConfig.for_model("gpt2", n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=256,
+                                bos_token_id=0, eos_token_id=0)
+    method = with_overrides(get_method("full_fsdp"), precision="bf16-mixed")
+    loop, trainer = (estimate(method, gpt2, 2, 32, 2, "cuda", "gpt2", engine).instants["forward"]
+                     for engine in ("loop", "trainer"))
+    assert {k: v for k, v in loop.items() if k != "activations"} == {k: v for k, v in trainer.items()
+                                                                     if k != "activations"}
+    assert trainer["activations"] > loop["activations"]

@@ -142,6 +142,22 @@ class ModelPlan:
     notes: tuple[str, ...] = ()
 
 
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # the names configs give it
+
+
+def shrunk_default_config(model_type: str, layers: int = 2):
+    """A model type's default configuration with ``layers`` layers: every architecture transformers knows, small
+    enough to build on the meta device in a sweep. Raises what transformers raises where its own default is invalid."""
+    config = AutoConfig.for_model(model_type)
+    for key in LAYER_COUNTS:
+        if isinstance(getattr(config, key, None), int):
+            try:
+                setattr(config, key, layers)
+            except (AttributeError, ValueError, TypeError):  # a config that derives it from per-layer lists
+                pass
+    return config
+
+
 def plan(method: Method, device: str, half: torch.dtype | None = None, engine: str = "loop") -> ModelPlan:
     """``half``: the device's half precision (default: what this machine's ``device`` supports; the estimator
     passes bf16 for a CUDA target it does not have). ``engine``: profkit's loop or the Trainer, which differ in

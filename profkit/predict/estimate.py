@@ -25,7 +25,8 @@ log-sum-exp); CUDA's dropout (a fused kernel keeping a bool mask, where meta kee
 and autocast (it does not dispatch on meta tensors). Under autocast, linear layers and attention see 16-bit
 copies of their inputs and weights, and autocast's float32 ops (on CUDA norms, softmax, exp, pow, the losses)
 return fp32. tests/test_autocast_stand_in.py holds the stand-in to PyTorch's own autocast and dropout kernels,
-run without a GPU on fake CUDA tensors.
+run without a GPU on fake CUDA tensors (``profkit.model.fake_cuda``); analyses/autocast_stand_in.py does so over
+every architecture transformers knows.
 
 Predictions are for three instants of a step: ``forward`` (its end), ``backward`` and ``optimizer``; for
 generate(), the prompt's pass (``prefill``) and the last new token's (``decode``). The peak is allocated bytes
@@ -216,20 +217,26 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
              torch.Tensor.mm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm, torch.Tensor.baddbmm,
              torch.addbmm, torch.Tensor.addbmm, torch.addmv, torch.Tensor.addmv, torch.addr, torch.Tensor.addr,
              torch.mv, torch.Tensor.mv, torch.chain_matmul, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d,
-             F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu}
+             F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
+             # composites whose matrix products autocast casts (Mamba2's chunked scan is einsums)
+             torch.einsum, torch.inner, torch.Tensor.inner}
     # Autocast's float32 ops: their floating inputs are cast to fp32, so they return, and save, fp32. A LayerNorm
     # on a bf16 residual stream saves an fp32 copy of it and returns fp32, and a 4-bit layer casts its output back
     # to its input's dtype, so under CUDA autocast a LayerNorm model's layers run in fp32 between the matmuls.
     # torch.amp's lists ("ops that can autocast to float32"), each checked against the real autocast kernels by
     # tests/test_autocast_stand_in.py. CPU autocast keeps norms and softmax in the input's dtype.
     FP32 = {"cuda": _callables("acos asin cosh erfinv exp expm1 log log10 log1p log2 reciprocal rsqrt sinh tan pow "
-                               "__pow__ __rpow__ __rtruediv__ __rdiv__ dist cdist pdist renorm cosine_similarity "
+                               "__pow__ __rpow__ __rtruediv__ __rdiv__ square dist cdist pdist renorm cosine_similarity "
                                "layer_norm group_norm rms_norm softplus logsumexp " + _FP32_LOSSES),
             "cpu": _callables("cdist prod cross_entropy binary_cross_entropy " + _FP32_LOSSES)}
     # Float32 ops that take a dtype: run with dtype=fp32 unless one is given, so the output is fp32 but no fp32
     # copy of the input is made (softmax's half-to-float kernels).
     FP32_OUTPUT = {"cuda": _callables("softmax log_softmax softmin cumsum cumprod prod sum norm vector_norm"),
                    "cpu": set()}
+    # Ops that autocast runs in the widest floating dtype among their inputs.
+    WIDEST = {"cuda": _callables("addcdiv addcmul atan2 bilinear cross dot grid_sample index_put scatter_add "
+                                 "tensordot"),
+              "cpu": _callables("stack cat index_copy")}
     # MoE experts' grouped matmul, [tokens, K] x [experts, K, N]. Not autocast-enabled (transformers casts the input
     # to the experts' dtype); torch's meta kernel takes bf16 only where the device kernels take fp32 too.
     GROUPED = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
@@ -238,7 +245,7 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
         super().__init__()
         self.target, self.half = target, autocast
         self.autocast = autocast is not None
-        self.fp32, self.fp32_output = self.FP32[target], self.FP32_OUTPUT[target]
+        self.fp32, self.fp32_output, self.widest = self.FP32[target], self.FP32_OUTPUT[target], self.WIDEST[target]
         # autocast caches casts of leaf weights per forward; the weight is kept with its cast so that its id is
         # never another tensor's (ZeRO-3's linear casts a fresh leaf view of each weight)
         self.cast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -272,6 +279,12 @@ class TargetDevice(torch.overrides.TorchFunctionMode):
             args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
         elif self.autocast and func in self.fp32:
             args, kwargs = tuple(_to_fp32(a) for a in args), {k: _to_fp32(v) for k, v in kwargs.items()}
+        elif self.autocast and func in self.widest:
+            floats = [t.dtype for t in pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            widest = max(floats, key=lambda d: d.itemsize, default=None)
+            args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(widest) if t.is_floating_point() else t,
+                                                (args, kwargs))
         elif self.autocast and func in self.fp32_output and kwargs.get("dtype") is None and _lower(args[0]):
             kwargs = {**kwargs, "dtype": torch.float32}
         elif self.autocast and func is torch.nn.functional.cross_entropy and self.target == "cuda" \
@@ -350,12 +363,18 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     layer_order: list[str] = []
     inputs: dict[tuple[str, int], int] = {}
 
+    # A meta storage's key is its object's address: a storage freed while the forward runs (a branch whose graph
+    # is dropped) could hand its address to a later one, which would then be taken as already counted. Holding
+    # every counted tensor keeps each address taken (on meta, holding costs nothing).
+    held: list[torch.Tensor] = []
+
     def count(t: torch.Tensor, region: str) -> None:
         storage = t.untyped_storage()
         key = storage_id(t)
         if key in static or key in seen:
             return
         seen.add(key)
+        held.append(t)
         by_region[region] = by_region.get(region, 0) + storage.nbytes()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -764,7 +783,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         host = fsdp.host
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
-                "model": model_name, "precision": plan.precision, "method": method.settings()}
+                "model": model_name, "precision": plan.precision, "engine": engine,
+                "method": method.settings()}
     return Estimate(method.label, settings, instants, params, detail, notes, {k: int(v) for k, v in host.items() if v})
 
 
