@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from transformers import AutoConfig
 
-from profkit.core.methods import LOSSES
+from profkit.core.methods import LOSSES, get_method, with_overrides
+from profkit.predict.estimate import estimate
 from tests.conftest import invoke, recorded, run_cli
 
 
@@ -31,3 +33,18 @@ def test_each_loss_form_is_recorded_and_estimated_alike(loss, engine, precision,
     assert compared["activations"]["phase"] == "forward"
     narrow = invoke("breakdown", str(run), env={"COLUMNS": "80"}).stdout  # a long run name at 80 columns
     assert "…" not in narrow and all(len(line) <= 80 for line in narrow.splitlines())
+
+
+def test_under_autocast_the_notes_alternative_loss_holds_what_it_says():
+    """Under autocast a 16-bit model loss' nll_loss already runs on an fp32 copy, so the note says the fp32 form
+    holds about as much; the two estimates' backward peaks must agree (within 1%) for that to be true."""
+    config = AutoConfig.for_model("gpt_bigcode", n_embd=64, n_layer=2, n_head=4, multi_query=True, n_positions=128,
+                                  vocab_size=4096, bos_token_id=0, eos_token_id=0)
+    peaks, notes = {}, {}
+    for loss in ("logits-dtype", "fp32"):
+        method = with_overrides(get_method("qlora_gc"), loss=loss, kbit_upcast=False, lora_targets=("c_attn",))
+        e = estimate(method, config, 2, 128, 1, "cuda")
+        peaks[loss] = sum(e.instants["backward"].values())
+        notes[loss] = next(n for n in e.notes if "--loss" in n)
+    assert "holds about as much at the backward's peak" in notes["logits-dtype"]
+    assert abs(peaks["logits-dtype"] / peaks["fp32"] - 1) <= 0.01, peaks

@@ -454,7 +454,7 @@ def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool
     return params, parts, trainable
 
 
-def _loss_note(loss: str, logits: int, itemsize: int) -> str:
+def _loss_note(loss: str, logits: int, itemsize: int, autocast: bool = False) -> str:
     """Which loss the estimate took (``logits``: their element count), and what the others would hold."""
     gib = 2**30
     chunked = (f"a chunked or fused cross-entropy (Liger's, torchtune's, litgpt's, Unsloth's) never holds the whole "
@@ -467,10 +467,13 @@ def _loss_note(loss: str, logits: int, itemsize: int) -> str:
         return (f"the loss as transformers 4.46-4.48 computed it (--loss fp32-shifted): an fp32 copy of the logits "
                 f"and a shifted copy of that, {logits * 4 / gib:,.2f} GiB each; transformers >= 4.49 makes no "
                 f"shifted copy (--loss fp32); {chunked}")
-    return (f"the loss in the logits' own dtype after a shifted copy (--loss logits-dtype), as models with a loss of "
-            f"their own computed it before transformers 4.49: transformers >= 4.49 (--loss fp32) computes it on an "
-            f"fp32 copy, whose backward holds two fp32 gradients, about "
-            f"{3 * logits * (4 - itemsize) / gib:,.2f} GiB more at the backward's peak")
+    own = ("the loss in the logits' own dtype after a shifted copy (--loss logits-dtype), as models with a loss of "
+           "their own computed it before transformers 4.49")
+    if autocast and itemsize < 4:  # autocast's fp32 nll_loss (CUDA) or cross-entropy (CPU) already copies to fp32
+        return (f"{own}, its nll_loss in fp32 under autocast: transformers >= 4.49's form (--loss fp32), an fp32 copy "
+                f"of the logits, holds about as much at the backward's peak")
+    return (f"{own}: transformers >= 4.49 (--loss fp32) computes it on an fp32 copy, whose backward holds two fp32 "
+            f"gradients, about {3 * logits * (4 - itemsize) / gib:,.2f} GiB more at the backward's peak")
 
 
 def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: bool, activations: int,
@@ -497,7 +500,8 @@ def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: boo
     vocab = getattr(config, "vocab_size", 0)
     if vocab:
         notes.append(_loss_note(loss, batch_size * seq_len * vocab,
-                                (plan.autocast or plan.fsdp_param_dtype or plan.load_dtype).itemsize))
+                                (plan.autocast or plan.fsdp_param_dtype or plan.load_dtype).itemsize,
+                                plan.autocast is not None))
     return notes
 
 
