@@ -53,8 +53,15 @@ def test_gradient_checkpointings_recompute_is_claimed(matrix):
     tim = views.time_per_step(bd)
     diff = noise.category(bd, "lora", "lora_gc", "recompute", 0.0, float(tim.loc["lora_gc", "recompute"]))
     assert diff.measurable and diff.value > 0
+    (every,) = findings.delta_sentences(bd, "lora", top=len(tim.columns))
+    assert "recompute +" in every
+    # Among the three largest unless the machine's load slowed a run (the background recording shares two cores
+    # with the tests): then the sentence says so.
     (sentence,) = findings.delta_sentences(bd, "lora")
-    assert "recompute +" in sentence
+    if bd.runs.disturbed.map(lambda d: isinstance(d, str)).any():
+        assert "look disturbed, which the time differences above may include" in sentence
+    else:
+        assert "recompute +" in sentence
 
 
 @pytest.mark.parametrize("a, b, claimed", [((1.0, 2.0), (2.5, 3.0), True), ((1.0, 2.0), (1.9, 3.0), False),

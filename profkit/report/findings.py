@@ -391,7 +391,8 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
                           " (within the runs' step-to-step spread)")
         clean = noise.clean_step(bd, baseline, run)
         if disturbed:  # the profiled steps' categories are still compared (their own spreads); the clean step not
-            pieces.append(f"clean step not compared: the clean steps of {' and '.join(disturbed)} look disturbed")
+            pieces.append(f"clean step not compared: the clean steps of {' and '.join(disturbed)} look disturbed"
+                          + (", which the time differences above may include" if real else ""))
         elif pd.notna(clean.value):
             pieces.append(f"clean step {signed_ms(clean.value)} (steps {clean.ranges(human_seconds)})"
                           if clean.measurable else
