@@ -239,3 +239,13 @@ def test_qlora_with_and_without_the_kbit_upcast_is_recorded_and_estimated_alike(
     assert abs(compared.loc["peak"].error) <= 0.01
     frozen = get_preset("micro").config["vocab_size"] * get_preset("micro").config["hidden_size"]
     assert compared.loc["parameters_frozen"].measured_bytes >= frozen * (4 if upcast == "--kbit-upcast" else 2)
+
+
+def test_a_method_name_too_long_for_80_columns_is_numbered_not_cut():
+    result = invoke("estimate", "lora", "--preset", "micro", "--lora-targets", "q_proj,v_proj,gate_proj,up_proj",
+                    "--precision", "bf16-pure", "--loss", "logits-dtype", env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    label = "lora-q_proj+v_proj+gate_proj+up_proj-bf16-pure-loss-logits-dtype"
+    assert f"#1 = {label}" in result.stdout
+    assert "…" not in result.stdout and max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert "parameters_quantized" in result.stdout  # the row labels whole too

@@ -14,7 +14,7 @@ from profkit.analyze import Breakdown, ranks, views
 from profkit.analyze import breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.glance import at_a_glance
-from profkit.cli.common import Format, chunks, fail_usage, parse_budget
+from profkit.cli.common import Format, fail_usage, labelled_chunks, numbered_if_long, parse_budget
 from profkit.core.exitcodes import Exit
 from profkit.core.units import human_bytes, human_seconds
 from profkit.report import findings, formats, tables
@@ -157,7 +157,7 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
 
     mem = views.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
-    for chunk in _chunks([r for r in bd.runs.run if r in mem.index], label, out.width) if not mem.empty else []:
+    for chunk in labelled_chunks([r for r in bd.runs.run if r in mem.index], label, out.width) if not mem.empty else []:
         t = Table(title="Memory at the run's peak" if phase == "peak" else f"Memory at the {phase} phase's peak")
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
@@ -213,7 +213,7 @@ def _print_predicted_time(out: Console, bd: Breakdown, label: dict[str, str]) ->
 
 def _print_errors(out: Console, title: str, caption: str, errors: pd.DataFrame, label: dict[str, str]) -> None:
     """Predicted / measured - 1, a row per category and a column per run, in tables that fit the terminal."""
-    for chunk in _chunks(list(errors.index), label, out.width) if not errors.empty else []:
+    for chunk in labelled_chunks(list(errors.index), label, out.width) if not errors.empty else []:
         # The title above the table, not in it: rich wraps a title to the table's width, narrow for one run.
         out.print(title, style="italic", highlight=False)
         t = Table(caption=caption)
@@ -234,7 +234,7 @@ TIME_CAPTION = ("share of the profiled step, then its time as profiled: the prof
 def _category_tables(out: Console, title: str, frame: pd.DataFrame, runs: list[str], label: dict[str, str]) -> None:
     """Each category's share of the step and its seconds per step, one column per run, split into tables that fit
     the terminal."""
-    for chunk in _chunks(runs, label, out.width, RUN_COLUMN_WIDTH + 4) if runs else []:
+    for chunk in labelled_chunks(runs, label, out.width, RUN_COLUMN_WIDTH + 4) if runs else []:
         t = Table(title=title, caption=TIME_CAPTION)
         t.add_column("category", no_wrap=True, min_width=CATEGORY_WIDTH)
         for run in chunk:
@@ -251,16 +251,7 @@ def _run_labels(runs: list[str], width: int, runs_table_values: int) -> dict[str
     """Each run as the tables name it: its name where every name fits (a table of one run beside the category
     column, and the Runs table beside its figures); otherwise ``#1``, ``#2``... for all, so a long name (ranks of
     a job, a user's run directory) never pushes a figure past the terminal's edge or is cut."""
-    longest = max((len(r) for r in runs), default=0)
-    fits = longest <= min(width - CATEGORY_WIDTH - 6, width - runs_table_values - 4)
-    return {r: r if fits else f"#{i}" for i, r in enumerate(runs, 1)}
-
-
-def _chunks(runs: list[str], label: dict[str, str], width: int,
-            column_width: int = RUN_COLUMN_WIDTH) -> list[list[str]]:
-    """``chunks`` over the runs as labelled."""
-    by_label = {label[r]: r for r in runs}
-    return [[by_label[x] for x in c] for c in chunks(list(by_label), width, column_width=column_width)]
+    return numbered_if_long(runs, min(width - CATEGORY_WIDTH - 6, width - runs_table_values - 4))
 
 
 def _share(seconds, share) -> str:

@@ -35,6 +35,13 @@ class Format(str, Enum):
     markdown = "markdown"
 
 
+def numbered_if_long(names: list[str], room: int) -> dict[str, str]:
+    """Each name as a table's column names it: itself where every name fits in ``room`` characters, otherwise
+    ``#1``, ``#2``... for all (the caller lists what each number stands for), so that a long name is never cut."""
+    fits = max((len(n) for n in names), default=0) <= room
+    return {n: n if fits else f"#{i}" for i, n in enumerate(names, 1)}
+
+
 def chunks(names: list[str], width: int, label_width: int = 21, column_width: int = 12) -> list[list[str]]:
     """Split columns into tables that each fit the terminal: a column is as wide as its name (names are never
     truncated) or ``column_width``, whichever is wider, plus rich's borders and padding."""
@@ -49,3 +56,9 @@ def chunks(names: list[str], width: int, label_width: int = 21, column_width: in
             out.append([name])
             used = label_width + 4 + need
     return out or [[]]
+
+
+def labelled_chunks(names: list[str], label: dict[str, str], width: int, column_width: int = 12) -> list[list[str]]:
+    """``chunks`` over the names as their columns are labelled (``numbered_if_long``)."""
+    by_label = {label[n]: n for n in names}
+    return [[by_label[x] for x in c] for c in chunks(list(by_label), width, column_width=column_width)]

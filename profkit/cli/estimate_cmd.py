@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profkit.cli import options
-from profkit.cli.common import Format, chunks, fail_usage
+from profkit.cli.common import Format, fail_usage, labelled_chunks, numbered_if_long
 from profkit.core import gpus
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.core.presets import UnknownPresetError, get_preset
@@ -122,18 +122,32 @@ def run_step_times(methods: list[Method], settings: RunSettings, gpu, world_size
     return out
 
 
+LABEL_WIDTH = 21  # the row labels' column: the longest category name, parameters_quantized, and a space
+
+
+def _method_labels(out: Console, methods: list[str]) -> dict[str, str]:
+    """Each method as the tables' columns name it; where a name does not fit beside the row labels at this width,
+    the methods are numbered and what each number stands for is printed first."""
+    label = numbered_if_long(methods, out.width - LABEL_WIDTH - 7)
+    for method, shown in label.items():
+        if shown != method:
+            out.print(f"{shown} = {method}", highlight=False)
+    return label
+
+
 def _print_times(times: dict, gpu, estimates) -> None:
     out = Console()
     peaks = {e.method: e.peak_bytes for e in estimates}
     categories = list(dict.fromkeys(c for st in times.values() for c in st.by_category))
-    for names in chunks(list(times), out.width):
+    label = _method_labels(out, list(times))
+    for names in labelled_chunks(list(times), label, out.width):
         # The title above the table, not in it: rich wraps a title to the table's width, narrow for one method.
         out.print(f"Predicted step time on {gpu.key} (not measured)", style="italic", highlight=False)
         t = Table(caption="from the step's FLOPs and bytes at efficiencies measured on real GPU traces "
                           "(reports/step-time/); each category's seconds per step")
-        t.add_column("", no_wrap=True)
+        t.add_column("", no_wrap=True, min_width=LABEL_WIDTH)
         for n in names:
-            t.add_column(n, justify="right", no_wrap=True)
+            t.add_column(label[n], justify="right", no_wrap=True)
         # A lower bound (the host's optimizer step under offload is not predicted) says so in its figures.
         at_least = {n: "≥ " if times[n].lower_bound else "" for n in names}
         t.add_row("[bold]step[/]", *[f"{at_least[n]}{times[n].seconds * 1e3:,.1f} ms" for n in names])
@@ -163,12 +177,13 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
     caption = (f"{settings.model_path or settings.preset}, {device}" + (f", {world_size} ranks" if world_size > 1 else "")
                + "; " + "; ".join(dict.fromkeys(_workload(e) for e in estimates)))
     by_method = {e.method: e for e in estimates}
-    for names in chunks(list(by_method), out.width):
+    label = _method_labels(out, list(by_method))
+    for names in labelled_chunks(list(by_method), label, out.width):
         chunk = [by_method[n] for n in names]
         t = Table(title="Predicted memory at each method's peak", caption=caption)
-        t.add_column("category", no_wrap=True)
+        t.add_column("category", no_wrap=True, min_width=LABEL_WIDTH)
         for e in chunk:
-            t.add_column(e.method, justify="right", no_wrap=True)
+            t.add_column(label[e.method], justify="right", no_wrap=True)
         for category, row in table.iterrows():
             label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)",
                      "host_offloaded": "host (offloaded)"}.get(category, category)
