@@ -12,6 +12,8 @@ from collections import Counter
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from profkit.model.storage import storage_id
+
 
 @contextlib.contextmanager
 def real_autocast(device: str, dtype: torch.dtype = torch.bfloat16):
@@ -46,15 +48,14 @@ def on_fake_device(model: torch.nn.Module, mode: FakeTensorMode, device: str = "
 
 
 def saved_by(run, static: list[torch.Tensor] = ()) -> Counter:
-    """What ``run()`` saves for backward, once per storage, by (dtype, shape), less the storages of ``static``
-    (the weights: saving a weight costs nothing). Fake and meta tensors have no address, so a storage is its
-    object."""
-    seen = {t.untyped_storage()._cdata for t in static}
+    """What ``run()`` saves for backward, once per storage (``storage_id``), by (dtype, shape), less the storages
+    of ``static`` (the weights: saving a weight costs nothing)."""
+    seen = {storage_id(t) for t in static}
     saved: Counter = Counter()
     held = []  # each counted storage kept alive, so that no later one is handed its address
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = t.untyped_storage()._cdata
+        key = storage_id(t)
         if key not in seen:
             seen.add(key)
             held.append(t)

@@ -62,10 +62,8 @@ def gradient_bytes(shape: tuple[int, int, int], logits_dtype: torch.dtype, form:
     all 16-bit: on CUDA its nll_loss runs in fp32 (an fp32 gradient beside its 16-bit cast), on CPU all of it."""
     batch, seq, vocab = shape
     elements = batch * (seq if form == "fp32" else seq - 1) * vocab
-    if form != "logits-dtype" or logits_dtype == torch.float32:
+    if form != "logits-dtype" or logits_dtype == torch.float32 or autocast_device == "cpu":
         return 2 * elements * 4
     if autocast_device == "cuda":
         return elements * (4 + logits_dtype.itemsize)
-    if autocast_device == "cpu":
-        return 2 * elements * 4
     return 2 * elements * logits_dtype.itemsize

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.fsdp import FSDPModule
 
 
@@ -19,12 +20,12 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 def storage_id(t: torch.Tensor) -> tuple[str, int]:
     """The storage ``t`` views: on a real device its memory (device, base address), so storages that alias the
-    same memory count once; on the meta device, where every address is 0, the storage object itself (the
-    address of its StorageImpl, which torch's own ``StorageWeakRef`` keys on)."""
+    same memory count once; on the meta device or as a fake tensor, where every address is 0, the storage object
+    itself (the address of its StorageImpl, which torch's own ``StorageWeakRef`` keys on)."""
     t = local_tensor(t)
     storage = t.untyped_storage()
-    if t.device.type == "meta":
-        return "meta", storage._cdata
+    if t.device.type == "meta" or isinstance(t, FakeTensor):
+        return str(t.device), storage._cdata
     return str(t.device), storage.data_ptr()
 
 
