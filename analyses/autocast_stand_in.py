@@ -21,7 +21,7 @@ from profkit.core.methods import get_method, with_overrides
 from profkit.core.quiet import library_output
 from profkit.model.build import meta_model, shrunk_default_config
 from profkit.model.fake_cuda import on_fake_device, real_autocast, saved_by, saved_bytes
-from profkit.predict.estimate import TargetDevice, contiguous_batches
+from profkit.predict.stand_ins import TargetDevice, contiguous_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "reports" / "estimate-vs-published" / "autocast-stand-in.md"

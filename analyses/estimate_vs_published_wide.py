@@ -41,8 +41,9 @@ def main(split: str) -> None:
             f"{len(table)} figures; {len(estimated)} estimated; {len(table) - len(estimated)} not, each with its "
             "reason. Bytes in GB (1e9). The estimate is compared with the counter each source reports: allocated "
             "(`max_memory_allocated`, torchtune's `active_bytes.all.peak`, and `unknown`, which these projects' "
-            "printing code most often reads) or reserved (`max_memory_reserved`, and nvidia-smi, which also holds "
-            "the CUDA context that is not predicted). `static`: the least any run with the stated settings holds "
+            "printing code most often reads), reserved (`max_memory_reserved`: the allocated peak plus what the "
+            "caching allocator's policy reserves when the step is replayed through it, or a measured ratio where "
+            "the step is not replayed) or nvidia-smi (reserved plus the CUDA context and NCCL's buffers). `static`: the least any run with the stated settings holds "
             "(weights, gradients, optimizer state, counted exactly); a figure under it contradicts its own "
             "settings and is reported apart. Regenerate with "
             f"`python analyses/estimate_vs_published_wide.py {split}`.", "",

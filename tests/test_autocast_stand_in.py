@@ -20,7 +20,7 @@ from transformers import AutoConfig
 from profkit.core.methods import get_method, with_overrides
 from profkit.model.build import meta_model
 from profkit.model.fake_cuda import on_fake_device, real_autocast, saved_by
-from profkit.predict.estimate import TargetDevice, contiguous_batches
+from profkit.predict.stand_ins import TargetDevice, contiguous_batches
 
 
 def _labels(x):

@@ -149,7 +149,7 @@ def test_recommend_ranks_measured_runs_by_step_time(tiny_training):
 
 
 def test_recommend_without_runs_uses_the_estimate():
-    result = invoke("recommend", "--budget", "8GiB", "--preset", "llama-3.2-3b")
+    result = invoke("recommend", "--budget", "9GiB", "--preset", "llama-3.2-3b")
     assert result.returncode == 0, result.stderr
     assert "qlora_gc" in result.stdout and "estimated" in result.stdout
     assert " full " not in result.stdout
@@ -214,9 +214,10 @@ def test_reserved_ratios_are_the_snapshots_own():
 def test_reserved_estimate_on_cuda_only():
     from profkit.predict.estimate import estimate_run
 
-    settings = RunSettings(method="lora", preset="micro")
-    cuda = estimate_run(get_method("lora"), settings, "cuda")
+    settings = RunSettings(method="lora_zero2", preset="micro")
+    cuda = estimate_run(get_method("lora_zero2"), settings, "cuda")  # ZeRO's step is not replayed: the ratio
     r = cuda.reserved()
+    assert cuda.replay is None and r["basis"] == "ratio"
     assert cuda.peak_bytes <= r["low_bytes"] <= r["bytes"] <= r["high_bytes"]
     assert r["bytes"] == int(cuda.peak_bytes * sorted(r["ratios"])[len(r["ratios"]) // 2])
     assert estimate_run(get_method("lora"), settings, "cpu").reserved() is None

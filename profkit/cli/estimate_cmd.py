@@ -185,16 +185,18 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         for e in chunk:
             t.add_column(label[e.method], justify="right", no_wrap=True)
         for category, row in table.iterrows():
-            label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)",
+            label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)", "nvidia_smi": "nvidia-smi (est.)",
                      "host_offloaded": "host (offloaded)"}.get(category, category)
             t.add_row(label, *[human_bytes(row[e.method]) for e in chunk])
         t.add_row("[dim]peak at[/]", *[f"[dim]{e.peak_instant}[/]" for e in chunk])
         out.print(t)
     for note in dict.fromkeys(n for e in estimates for n in e.notes):
         out.print(f"[dim]note: {note}[/]", highlight=False)
-    reserved = next((e.reserved() for e in estimates if e.reserved()), None)
-    if reserved:
-        from profkit.predict.estimate import RESERVED_BASIS  # heavy: torch (see run_estimates)
+    bases = dict.fromkeys(e.reserved()["basis"] for e in estimates if e.reserved())
+    if bases:
+        from profkit.predict.estimate import DEVICE_BASIS, RESERVED_BASIS, reserved_ratios  # heavy: torch
 
-        ratios = ", ".join(f"{r:.2f}" for r in reserved["ratios"])
-        out.print(f"[dim]note: {RESERVED_BASIS.format(ratios=ratios)}[/]", highlight=False)
+        ratios = ", ".join(f"{r:.2f}" for r in reserved_ratios())
+        for basis in bases:
+            out.print(f"[dim]note: {RESERVED_BASIS[basis].format(ratios=ratios)}[/]", highlight=False)
+        out.print(f"[dim]note: {DEVICE_BASIS}[/]", highlight=False)

@@ -95,8 +95,8 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str, gpu: s
         out.print(f"[red]Nothing fits {human_bytes(budget_bytes)}.[/] The closest:", highlight=False)
     out.print(table)
     if (shown.source == "estimated").any():
-        out.print("[dim]estimated: predicted peak from `profkit estimate` (on CUDA its reserved estimate, the "
-                  "allocated peak x the caching allocator's overhead measured on real training steps). Without a run "
+        out.print("[dim]estimated: predicted peak from `profkit estimate` (on CUDA its reserved estimate: the "
+                  "allocated peak plus what the caching allocator reserves beyond it). Without a run "
                   "there is no step time: "
                   "these are ordered by what their memory-saving measures are known to cost (fewer first; "
                   "ZeRO-Offload, ZeRO-3's gathers, 4-bit dequantization and checkpointing's recompute before "

@@ -18,11 +18,8 @@ quantizes. From it:
   (``model.zero.zero_buffers``), and what ZeRO partitions across
   ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too.
 
-Three things the meta device does not do as the target device would, so they are set here (the reason for
-hand-written code): the scaled-dot-product-attention kernel (on meta, PyTorch always picks the math kernel,
-which saves the full attention matrix; the CPU and CUDA flash kernels save only q, k, v, the output and a
-log-sum-exp); CUDA's dropout (a fused kernel keeping a bool mask, where meta keeps one in the input's dtype);
-and autocast (it does not dispatch on meta tensors). Under autocast, linear layers and attention see 16-bit
+Three things the meta device does not do as the target device would are set by ``predict.stand_ins``: the
+attention kernel, CUDA's dropout and autocast. Under autocast, linear layers and attention see 16-bit
 copies of their inputs and weights, and autocast's float32 ops (on CUDA norms, softmax, exp, pow, the losses)
 return fp32. tests/test_autocast_stand_in.py holds the stand-in to PyTorch's own autocast and dropout kernels,
 run without a GPU on fake CUDA tensors (``profkit.model.fake_cuda``); analyses/autocast_stand_in.py does so over
@@ -30,25 +27,25 @@ every architecture transformers knows.
 
 Predictions are for three instants of a step: ``forward`` (its end), ``backward`` and ``optimizer``; for
 generate(), the prompt's pass (``prefill``) and the last new token's (``decode``). The peak is allocated bytes
-(``max_memory_allocated``). Reserved bytes (``max_memory_reserved``) are that times the caching allocator's
-overhead as measured on real training steps' snapshots, a range, not a model of the allocator.
+(``max_memory_allocated``). Reserved bytes (``max_memory_reserved``) add what the caching allocator reserves
+beyond it when the step's allocations are replayed through its policy (``predict.step_replay``); where a step
+cannot be replayed, the allocator's overhead measured on real training steps' snapshots, a range.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 from dataclasses import dataclass, field, replace
 from statistics import median
-from typing import Literal
+from typing import Callable
 
 import pandas as pd
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import DynamicCache, masking_utils
+from transformers import DynamicCache
 
 from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
@@ -58,8 +55,9 @@ from profkit.model.build import check_sequence, decoder_layers, meta_model, mode
 from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
+from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
+from profkit.predict.step_replay import AllocatorReplay, replay_step
 
-Target = Literal["cpu", "cuda"]
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
 NF4_BLOCK = 64  # bitsandbytes' default 4-bit blocksize, which transformers' BitsAndBytesConfig keeps
@@ -79,6 +77,13 @@ class Estimate:
     detail: dict[str, int] = field(default_factory=dict)  # named parts behind the categories, bytes
     notes: list[str] = field(default_factory=list)
     host: dict[str, int] = field(default_factory=dict)  # offloaded to pinned host memory, by category, bytes
+    # The step replayed through the caching allocator's policy, run when reserved memory is first asked for (it
+    # runs two whole steps on meta, several times the estimate's own forward); None where it is not replayed.
+    replayer: Callable[[], AllocatorReplay | None] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def replay(self) -> AllocatorReplay | None:
+        return self.replayer() if self.replayer is not None else None
 
     @property
     def peak_instant(self) -> str:
@@ -92,31 +97,60 @@ class Estimate:
         return dict(self.instants[self.peak_instant])
 
     def reserved(self) -> dict | None:
-        """CUDA targets: what ``max_memory_reserved`` would show, the allocated peak times the caching allocator's
-        reserved-over-allocated ratio on real training steps (lowest, median, highest of those measured); None on
-        CPU, which has no caching allocator."""
+        """CUDA targets: what ``max_memory_reserved`` would show. Where the step was replayed through the caching
+        allocator's policy (``predict.step_replay``), the allocated peak plus the reserve the replay found beyond
+        its own allocated peak; elsewhere (ZeRO, FSDP, generation, a step meta kernels cannot run) the allocated
+        peak times the reserved/allocated ratios of real training steps (lowest, median, highest). None on CPU,
+        which has no caching allocator."""
         if self.settings.get("device") != "cuda":
             return None
+        if self.replay is not None:
+            value = self.peak_bytes + self.replay.overhead
+            return {"low_bytes": value, "bytes": value, "high_bytes": value, "basis": "replay"}
         ratios = reserved_ratios()
         return {"low_bytes": int(self.peak_bytes * min(ratios)), "bytes": int(self.peak_bytes * median(ratios)),
-                "high_bytes": int(self.peak_bytes * max(ratios)), "ratios": ratios}
+                "high_bytes": int(self.peak_bytes * max(ratios)), "basis": "ratio", "ratios": ratios}
+
+    def device_used(self) -> dict | None:
+        """CUDA targets: what nvidia-smi would show for this process: reserved memory plus what lies outside
+        PyTorch's allocator, the CUDA context and, on more than one rank, NCCL's buffers, as sourced in
+        ``profkit/data/allocator/outside_allocator.csv``."""
+        reserved = self.reserved()
+        if reserved is None:
+            return None
+        ranks = self.settings.get("world_size", 1)
+        outside = outside_allocator()
+        rows = outside[(outside.min_ranks <= ranks) & (outside.max_ranks.isna() | (outside.max_ranks >= ranks))]
+        return {key: reserved[key] + int(rows[key].sum()) for key in ("low_bytes", "bytes", "high_bytes")} | \
+            {"outside_allocator": {r.item: int(r.bytes) for r in rows.itertuples()}}
 
     def to_json(self) -> dict:
         return {"method": self.method, "settings": self.settings, "instants": self.instants,
                 "peak_instant": self.peak_instant, "peak_bytes": self.peak_bytes, "reserved": self.reserved(),
+                "device_used": self.device_used(), "allocator_replay": self.replay and self.replay.to_json(),
                 "params": self.params, "detail": self.detail, "notes": self.notes, "host": self.host,
                 "host_bytes": sum(self.host.values())}
 
 
-RESERVED_BASIS = ("reserved: the predicted allocated peak x the CUDA caching allocator's peak reserved / peak "
-                  "allocated on real training steps ({ratios}; analyses/allocator_overhead.py); nvidia-smi shows "
-                  "more again: the CUDA context, outside PyTorch's counters, is not predicted")
+RESERVED_BASIS = {
+    "replay": "reserved: the allocated peak plus what the CUDA caching allocator's policy reserves beyond it when "
+              "the step's allocations are replayed through it (profkit/predict/allocator.py)",
+    "ratio": "reserved: the predicted allocated peak x the CUDA caching allocator's peak reserved / peak allocated "
+             "on real training steps ({ratios}; analyses/allocator_overhead.py)"}
+DEVICE_BASIS = ("nvidia-smi: reserved plus the CUDA context (about 0.4 GB) and, on several ranks, NCCL's buffers "
+                "(0.5-0.7 GB), outside PyTorch's counters (profkit/data/allocator/outside_allocator.csv)")
 
 
 @functools.cache  # read once: every estimate's table and JSON ask for it
 def reserved_ratios() -> list[float]:
     """Peak reserved over peak allocated, measured on real allocator snapshots (``profkit/data/allocator``)."""
     return sorted(float(r) for r in pd.read_csv(bundled("allocator/reserved_over_allocated.csv")).ratio)
+
+
+@functools.cache
+def outside_allocator() -> pd.DataFrame:
+    """GPU memory a process holds outside PyTorch's caching allocator, with sources."""
+    return pd.read_csv(bundled("allocator/outside_allocator.csv"))
 
 
 BNB_8BIT_BLOCK = 256  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 256 values of each state
@@ -195,157 +229,6 @@ class SavedForBackward:
             return self.before_layers + sum(self.layers) + self.after_layers
         return max(self.before_layers + self.layer_inputs + self.after_layers,
                    self.before_layers + self.layer_inputs + max(self.layers, default=0))
-
-
-_FP32_LOSSES = ("binary_cross_entropy_with_logits cosine_embedding_loss hinge_embedding_loss kl_div l1_loss huber_loss "
-                "margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss nll_loss poisson_nll_loss "
-                "smooth_l1_loss soft_margin_loss triplet_margin_loss")
-
-
-def _callables(names: str) -> set:
-    """Every Python callable by which an op of these names is called: torch's, the Tensor method, F's, linalg's."""
-    spaces = (torch, torch.Tensor, torch.nn.functional, torch.linalg)
-    return {getattr(space, name) for name in names.split() for space in spaces if hasattr(space, name)}
-
-
-class TargetDevice(torch.overrides.TorchFunctionMode):
-    """Make meta-device ops save what the target device's kernels save (see the module docstring)."""
-
-    # CUDA autocast's lower-precision ops (torch.amp's "ops that can autocast to float16"), as Python calls them
-    F = torch.nn.functional
-    LOWER = {F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm, torch.bmm,
-             torch.Tensor.mm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm, torch.baddbmm, torch.Tensor.baddbmm,
-             torch.addbmm, torch.Tensor.addbmm, torch.addmv, torch.Tensor.addmv, torch.addr, torch.Tensor.addr,
-             torch.mv, torch.Tensor.mv, torch.chain_matmul, torch.linalg.multi_dot, F.conv1d, F.conv2d, F.conv3d,
-             F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d, F.prelu,
-             # composites whose matrix products autocast casts (Mamba2's chunked scan is einsums)
-             torch.einsum, torch.inner, torch.Tensor.inner}
-    # Autocast's float32 ops: their floating inputs are cast to fp32, so they return, and save, fp32. A LayerNorm
-    # on a bf16 residual stream saves an fp32 copy of it and returns fp32, and a 4-bit layer casts its output back
-    # to its input's dtype, so under CUDA autocast a LayerNorm model's layers run in fp32 between the matmuls.
-    # torch.amp's lists ("ops that can autocast to float32"), each checked against the real autocast kernels by
-    # tests/test_autocast_stand_in.py. CPU autocast keeps norms and softmax in the input's dtype.
-    FP32 = {"cuda": _callables("acos asin cosh erfinv exp expm1 log log10 log1p log2 reciprocal rsqrt sinh tan pow "
-                               "__pow__ __rpow__ __rtruediv__ __rdiv__ square dist cdist pdist renorm cosine_similarity "
-                               "layer_norm group_norm rms_norm softplus logsumexp " + _FP32_LOSSES),
-            "cpu": _callables("cdist prod cross_entropy binary_cross_entropy " + _FP32_LOSSES)}
-    # Float32 ops that take a dtype: run with dtype=fp32 unless one is given, so the output is fp32 but no fp32
-    # copy of the input is made (softmax's half-to-float kernels).
-    FP32_OUTPUT = {"cuda": _callables("softmax log_softmax softmin cumsum cumprod prod sum norm vector_norm"),
-                   "cpu": set()}
-    # Ops that autocast runs in the widest floating dtype among their inputs.
-    WIDEST = {"cuda": _callables("addcdiv addcmul atan2 bilinear cross dot grid_sample index_put scatter_add "
-                                 "tensordot"),
-              "cpu": _callables("stack cat index_copy")}
-    # MoE experts' grouped matmul, [tokens, K] x [experts, K, N]. Not autocast-enabled (transformers casts the input
-    # to the experts' dtype); torch's meta kernel takes bf16 only where the device kernels take fp32 too.
-    GROUPED = {f for f in (getattr(torch.nn.functional, "grouped_mm", None), getattr(torch, "_grouped_mm", None)) if f}
-
-    def __init__(self, target: Target, autocast: torch.dtype | None):
-        super().__init__()
-        self.target, self.half = target, autocast
-        self.autocast = autocast is not None
-        self.fp32, self.fp32_output, self.widest = self.FP32[target], self.FP32_OUTPUT[target], self.WIDEST[target]
-        # autocast caches casts of leaf weights per forward; the weight is kept with its cast so that its id is
-        # never another tensor's (ZeRO-3's linear casts a fresh leaf view of each weight)
-        self.cast_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def _cast(self, x):
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != self.half):
-            return x
-        if x.is_leaf and x.requires_grad:
-            cached = self.cast_cache.get(id(x))
-            if cached is None or cached[0] is not x:
-                cached = self.cast_cache[id(x)] = (x, x.to(self.half))
-            return cached[1]
-        return x.to(self.half)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            if self.autocast:
-                args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
-            return self._attention(*args, **kwargs)
-        if func in self.GROUPED and args[0].dtype != torch.bfloat16 and args[0].dim() == 2 and args[1].dim() == 3:
-            # One matrix product with the first expert's weight has the grouped product's output, its FLOPs (the
-            # experts' rows add up to the input's), what autograd saves (each operand where the other needs a
-            # gradient: a frozen expert keeps its input unsaved) and its gradients' shapes; it runs backward too.
-            return args[0] @ args[1][0]
-        if func is torch.nn.functional.dropout and self.target == "cuda" and _dropping(*args, **kwargs):
-            # CUDA's dropout is the fused kernel, which keeps a bool mask; meta's (like CPU's) keeps a mask in the
-            # input's dtype, twice or four times the bytes
-            return torch.native_dropout(args[0], kwargs.get("p", args[1] if len(args) > 1 else 0.5), True)[0]
-        if self.autocast and func in self.LOWER:
-            args, kwargs = tuple(self._cast(a) for a in args), {k: self._cast(v) for k, v in kwargs.items()}
-        elif self.autocast and func in self.fp32:
-            args, kwargs = tuple(_to_fp32(a) for a in args), {k: _to_fp32(v) for k, v in kwargs.items()}
-        elif self.autocast and func in self.widest:
-            floats = [t.dtype for t in pytree.tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor) and t.is_floating_point()]
-            widest = max(floats, key=lambda d: d.itemsize, default=None)
-            args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(widest) if t.is_floating_point() else t,
-                                                (args, kwargs))
-        elif self.autocast and func in self.fp32_output and kwargs.get("dtype") is None and _lower(args[0]):
-            kwargs = {**kwargs, "dtype": torch.float32}
-        elif self.autocast and func is torch.nn.functional.cross_entropy and self.target == "cuda" \
-                and _lower(args[0]):
-            return self._cuda_cross_entropy(*args, **kwargs)
-        return func(*args, **kwargs)
-
-    @staticmethod
-    def _cuda_cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
-                            reduction="mean", label_smoothing=0.0):
-        """CUDA autocast has no rule for cross_entropy itself: its log-softmax is asked for the input's dtype and
-        keeps it; its nll_loss is a float32 op, so it saves an fp32 copy of the log-probabilities."""
-        dim = 1 if input.dim() >= 2 else 0
-        log_probs = torch.nn.functional.log_softmax(input, dim, dtype=input.dtype)
-        if label_smoothing or target.is_floating_point():  # not modelled part by part: all of it on the copy
-            return torch.nn.functional.cross_entropy(log_probs.float(), target, weight, None, ignore_index, None,
-                                                     reduction, label_smoothing)
-        return torch.nn.functional.nll_loss(log_probs.float(), target, weight, None, ignore_index, None, reduction)
-
-    def _attention(self, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        # PyTorch's CPU flash kernel takes no dropout; its CUDA kernels do (they keep the RNG state, not a mask).
-        if (dropout_p and self.target == "cpu") or q.shape[-1] != v.shape[-1] or q.shape[-1] > 256:
-            return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                        enable_gqa=enable_gqa)
-        if self.target == "cpu":
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, is_causal, attn_mask=attn_mask, scale=scale)[0]
-        if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16):
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False,
-                                                                      scale=scale)[0]
-        if k.shape[-3] != q.shape[-3]:  # memory-efficient attention takes no grouped heads
-            k = k.repeat_interleave(q.shape[-3] // k.shape[-3], -3)
-            v = v.repeat_interleave(q.shape[-3] // v.shape[-3], -3)
-        return torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, attn_mask, True, dropout_p, is_causal, scale=scale)[0]
-
-
-def _dropping(input, p=0.5, training=True, inplace=False) -> bool:
-    return bool(p) and training and not inplace and input.is_floating_point()
-
-
-def _lower(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16)
-
-
-def _to_fp32(x):
-    return x.float() if _lower(x) else x
-
-
-@contextlib.contextmanager
-def contiguous_batches():
-    """transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors cannot
-    answer; profkit's batches and prompts are contiguous blocks, for which the answer is "none". transformers
-    offers no argument for it, so its function is swapped for the answer while the meta forward runs."""
-    original = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
 
 
 def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
@@ -482,8 +365,8 @@ def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: boo
     per_k = activations * 1000 // max(batch_size * seq_len, 1)
     notes = [f"every sample taken as {seq_len} tokens (packed, or padded to {seq_len}): padded to the longest "
              f"sample of each batch instead, a batch peaks with its longest sample (activations about "
-             f"{per_k / 2**20:,.1f} MiB per 1,000 tokens of the batch), and the CUDA allocator caches more than the "
-             "reserved ratio measured on fixed-length steps"]
+             f"{per_k / 2**20:,.1f} MiB per 1,000 tokens of the batch), and the CUDA allocator caches more than "
+             "the reserved estimate, which replays steps of one length"]
     heads = getattr(config, "num_attention_heads", None)
     layers = 1 if checkpointing else getattr(config, "num_hidden_layers", 0)
     if heads and layers:
@@ -786,10 +669,31 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         notes += fsdp.notes
         host = fsdp.host
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
+    replayer = None
+    if target == "cuda" and not (method.zero_stage or method.fsdp):
+        replayer = functools.partial(_replay, model, quantized, method, plan, batch_size, seq_len, target, notes)
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "engine": engine,
                 "method": method.settings()}
-    return Estimate(method.label, settings, instants, params, detail, notes, {k: int(v) for k, v in host.items() if v})
+    return Estimate(method.label, settings, instants, params, detail, notes, {k: int(v) for k, v in host.items() if v},
+                    replayer)
+
+
+def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, seq_len: int, target: Target,
+            notes: list[str]) -> AllocatorReplay | None:
+    """The step replayed through the caching allocator's policy (``predict.step_replay``), or None, with the
+    reason in ``notes``, where an op of the model has no meta kernel for its backward."""
+    double_quant = method.double_quant and bool(quantized)
+    sizes = [(t, nf4_bytes(tuple(t.shape), double_quant) if n in quantized else t.untyped_storage().nbytes())
+             for n, t in [*model.named_parameters(), *model.named_buffers()]]
+    compute = plan.quantization.bnb_4bit_compute_dtype if plan.quantization is not None else torch.bfloat16
+    try:
+        return replay_step(model, sizes, quantized, method, batch_size, seq_len, target, plan.autocast, compute)
+    except (RuntimeError, NotImplementedError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        notes.append(f"reserved memory from the measured reserved/allocated ratio: the step could not be replayed "
+                     f"on the meta device ({type(exc).__name__}: {first[:160]})")
+        return None
 
 
 # --------------------------------------------------------------------------- generation
@@ -951,10 +855,12 @@ def frame(estimates: list[Estimate]) -> pd.DataFrame:
 
 
 def at_peak(estimates: list[Estimate]) -> pd.DataFrame:
-    """Rows: categories, ``peak`` (allocated), for CUDA targets ``reserved`` (see ``Estimate.reserved``) and, where
+    """Rows: categories, ``peak`` (allocated), for CUDA targets ``reserved`` and ``nvidia_smi`` (see
+    ``Estimate.reserved`` and ``Estimate.device_used``) and, where
     a method offloads, ``host_offloaded`` (pinned host memory); columns: methods; bytes at each method's peak."""
     host = any(e.host for e in estimates)
     return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes,
                                     **({"reserved": e.reserved()["bytes"]} if e.reserved() else {}),
+                                    **({"nvidia_smi": e.device_used()["bytes"]} if e.device_used() else {}),
                                     **({"host_offloaded": sum(e.host.values())} if host else {})}
                          for e in estimates})

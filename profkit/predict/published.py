@@ -1,9 +1,9 @@
 """Published measured peaks (``tests/data/published/peaks.csv``: source, full settings, the counter and the unit
 each reports; ``models.json``: each model's configuration) set beside ``profkit estimate`` for the same settings.
 ``split`` says whether a figure was used while the estimator was built (``used``) or only checked after
-(``holdout``). The estimate predicts PyTorch's allocated
-bytes (``max_memory_allocated``); a figure read from nvidia-smi also holds the CUDA context and the allocator's
-cache, which the estimate does not predict."""
+(``holdout``). Each figure is set beside the estimate of the counter it reports: allocated bytes
+(``max_memory_allocated``), reserved bytes (``max_memory_reserved``) or what nvidia-smi shows (reserved plus the
+CUDA context and NCCL's buffers, ``Estimate.device_used``)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "proj
               "output(lm head)": ["lm_head"]}
 MODEL_PARALLEL = re.compile(r"sequential|tensor|\btp\s*x?\d|\bpp\s*x?\d|context parallel|\bcp\b|sequence")
 COUNTERS = {"max_memory_allocated": "allocated", "active_bytes_peak": "allocated", "max_memory_reserved": "reserved",
-            "nvidia-smi": "reserved", "unknown": "allocated"}
+            "nvidia-smi": "device", "unknown": "allocated"}
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,8 @@ def within_positions(seq_len: int, fed: int, limit: int | None) -> tuple[int, st
 
 def compare_wide(table: Path, models: Path | None = None, split: str | None = None,
                  counter: str | None = None) -> pd.DataFrame:
-    """One row per figure of wide.csv (``split``, ``counter``: only those; counter "allocated" or "reserved", as
+    """One row per figure of wide.csv (``split``, ``counter``: only those; counter "allocated", "reserved" or
+    "device" (nvidia-smi), as
     ``COUNTERS`` classes them): the estimate for the counter the source reports, the
     relative error, or the reason there is none (a setting not stated, a setup not modelled, the estimate's own
     refusal); ``static_bytes``, the least any run with the stated settings holds."""
@@ -325,7 +326,9 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
             except EstimateError as exc:
                 row["reason"] = f"refused: {exc}"
             else:
-                predicted = e.reserved()["bytes"] if COUNTERS.get(r.counter) == "reserved" else e.peak_bytes
+                kind = COUNTERS.get(r.counter)
+                predicted = (e.reserved()["bytes"] if kind == "reserved" else
+                             e.device_used()["bytes"] if kind == "device" else e.peak_bytes)
                 # What no run with these settings can go below: weights, and for training the gradients and the
                 # optimizer state at the step (counted exactly; a figure under it contradicts its stated settings).
                 last = e.instants[list(e.instants)[-1]]

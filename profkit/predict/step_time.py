@@ -1,7 +1,7 @@
 """Predicted step time of a training method on a GPU profkit has not seen run it.
 
 The work comes from the same meta-device model the memory estimate builds (``model.build.meta_model``, the
-target's attention kernels and autocast, ``predict.estimate.TargetDevice``): one forward and one backward run
+target's attention kernels and autocast, ``predict.stand_ins.TargetDevice``): one forward and one backward run
 on meta tensors under a dispatch mode that records every op with its input shapes, each op's FLOPs and bytes
 from the formulas the trace analysis uses (``core.work``), so what is predicted and what is measured are counted
 alike. What the meta pass does not run is added from what the framework does:
@@ -35,7 +35,8 @@ from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
 from profkit.model.loss import causal_lm_loss
-from profkit.predict.estimate import EstimateError, contiguous_batches, TargetDevice
+from profkit.predict.estimate import EstimateError
+from profkit.predict.stand_ins import TargetDevice, contiguous_batches
 
 CALIBRATION = bundled("step_time") / "calibration.json"
 # torch dtypes as torch.profiler writes them ("Input type"), so core.work reads both alike.
