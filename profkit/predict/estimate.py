@@ -56,7 +56,7 @@ from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logit
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
-from profkit.predict.step_replay import AllocatorReplay, replay_step
+from profkit.predict.step_replay import AllocatorReplay, ShardedStep, replay_step
 
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
@@ -414,6 +414,7 @@ class _Fsdp:
     optimizer_temporaries: int
     detail: dict[str, int]
     notes: list[str]
+    step: ShardedStep | None  # the same allocations, for the replay (None under CPU offload: not replayed)
 
     def instants(self, forward_activations: int, backward_activations: int, logits_grad: int) -> dict:
         """``logits_grad``: the loss' backward, two gradients of the fp32 logits' size."""
@@ -449,6 +450,8 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
     shards: list[int] = []  # trainable shards' elements, for the optimizer
     unsharded: dict[int, int] = {}  # id -> gathered bytes
     grads_unsharded: dict[int, int] = {}  # id -> its unsharded gradient and reduce-scatter input, bytes
+    shard_sizes: list[int] = []  # each parameter's shard on the device, then the buffers, in load order
+    reduced: dict[int, int] = {}  # id -> what its reduce-scatter takes in, bytes
     for name, prm in names.items():
         if name in quantized:
             # bitsandbytes packs two 4-bit values per byte into the frozen weights' dtype (the quant storage)
@@ -458,13 +461,16 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
             state = nf4_bytes(tuple(prm.shape), method.double_quant) - (prm.numel() + 1) // 2
             static["parameters_quantized"] += packed_shard + state  # the quantization state is not sharded
             unsharded[id(prm)] = packed_shard * world
+            shard_sizes.append(packed_shard + state)
             continue
         numel = _shard_numel(tuple(prm.shape), world)
         size = prm.element_size()
         gathered = (torch.empty((), dtype=gathered_dtype).element_size() if gathered_dtype is not None
                     and prm.is_floating_point() else size)
         unsharded[id(prm)] = numel * world * gathered
+        shard_sizes.append(numel * size)
         if prm.requires_grad:
+            reduced[id(prm)] = numel * world * (reduce_size or gathered)
             static["parameters_trainable"] += numel * size
             gradients += numel * size
             shards.append(numel)
@@ -507,8 +513,15 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
         gradients, optimizer_temporaries = 0, 0
         notes.append("FSDP CPU offload: the shards, their gradients and the optimizer state are in pinned host "
                      "memory and the optimizer steps there; the GPU holds what is gathered")
+    step = None if method.offload != "none" else ShardedStep(
+        shards=shard_sizes + [b.numel() * b.element_size() for b in model.buffers()],
+        root=detail["fsdp_root_gathered"], layers=per_layer,
+        layer_grads=[sum(reduced.get(id(p), 0) for p in layer.parameters()) for layer in layers],
+        root_grads=sum(b for i, b in reduced.items() if i not in in_layers), grad_shards=gradients,
+        optimizer_state=static["optimizer_state"], optimizer_temporaries=optimizer_temporaries, world=world,
+        reshard=method.reshard_after_forward)
     return _Fsdp(static, host, gradients, detail["fsdp_root_gathered"], max(per_layer, default=0), sum(per_layer),
-                 root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, detail, notes)
+                 root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, detail, notes, step)
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -670,8 +683,9 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         host = fsdp.host
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     replayer = None
-    if target == "cuda" and not (method.zero_stage or method.fsdp):
-        replayer = functools.partial(_replay, model, quantized, method, plan, batch_size, seq_len, target, notes)
+    if target == "cuda" and not method.zero_stage and (fsdp is None or fsdp.step is not None):
+        replayer = functools.partial(_replay, model, quantized, method, plan, batch_size, seq_len, target, notes,
+                                     fsdp.step if fsdp else None)
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "engine": engine,
                 "method": method.settings()}
@@ -680,7 +694,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
 
 
 def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, seq_len: int, target: Target,
-            notes: list[str]) -> AllocatorReplay | None:
+            notes: list[str], sharding: ShardedStep | None) -> AllocatorReplay | None:
     """The step replayed through the caching allocator's policy (``predict.step_replay``), or None, with the
     reason in ``notes``, where an op of the model has no meta kernel for its backward."""
     double_quant = method.double_quant and bool(quantized)
@@ -688,7 +702,8 @@ def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, s
              for n, t in [*model.named_parameters(), *model.named_buffers()]]
     compute = plan.quantization.bnb_4bit_compute_dtype if plan.quantization is not None else torch.bfloat16
     try:
-        return replay_step(model, sizes, quantized, method, batch_size, seq_len, target, plan.autocast, compute)
+        return replay_step(model, sizes, quantized, method, batch_size, seq_len, target, plan.autocast, compute,
+                           sharding)
     except (RuntimeError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         notes.append(f"reserved memory from the measured reserved/allocated ratio: the step could not be replayed "

@@ -8,6 +8,14 @@ goes through ``predict.allocator.CachingAllocator``. Two steps run, so that the 
 first left cached, as a real run's steady state does, and the optimizer's state (made at the first step) sits
 where it lands.
 
+FSDP's step (``ShardedStep``) is the same compute with FSDP2's allocations around it: each rank's shards; a
+unit's gathered parameters (the all-gather's flat output on its own stream, FSDP keeping the latest until the
+next, and the unsharded parameters) from its pre-forward to its post-forward and again from its pre-backward,
+with the next unit prefetched, to its post-backward; there its unsharded gradients are reduce-scattered (the
+reduce-scatter's input and output on another stream) and freed. The root unit (embeddings, final norm, LM head)
+stays gathered from forward to the end of backward. The optimizer steps on the shards. The caching allocator
+keeps a pool per stream, so what one stream frees the others cannot take.
+
 What the stream does not see: kernels' internal workspaces (cuBLAS' is cached, a few MiB), and bitsandbytes'
 dequantized weights, added here by hand: a 4-bit layer dequantizes its weight into a temporary of the compute
 dtype for its forward and again for its backward.
@@ -16,6 +24,7 @@ dtype for its forward and again for its backward.
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -25,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from profkit.core.methods import Method
 from profkit.core.quiet import library_output
+from profkit.model.build import decoder_layers
 from profkit.model.loss import loss_of_logits
 from profkit.predict.allocator import CachingAllocator
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
@@ -46,6 +56,28 @@ class AllocatorReplay:
     def to_json(self) -> dict:
         return {"peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
                 "segments": self.segments, "overhead": self.overhead}
+
+
+@dataclass(frozen=True)
+class ShardedStep:
+    """FSDP2's allocations on one rank, bytes: ``shards`` (each parameter's shard and the buffers, in load order),
+    ``root`` (the root unit gathered), ``layers`` (each decoder layer gathered), ``layer_grads`` and ``root_grads``
+    (what each reduce-scatter takes in), ``grad_shards`` (the sharded gradients), ``optimizer_state`` and
+    ``optimizer_temporaries`` (its step on the shards)."""
+
+    shards: list[int]
+    root: int
+    layers: list[int]
+    layer_grads: list[int]
+    root_grads: int
+    grad_shards: int
+    optimizer_state: int
+    optimizer_temporaries: int
+    world: int
+    reshard: bool
+
+
+COMPUTE, ALL_GATHER, REDUCE_SCATTER = 0, 1, 2  # the streams FSDP allocates on
 
 
 class _AllocationStream(TorchDispatchMode):
@@ -70,6 +102,21 @@ class _AllocationStream(TorchDispatchMode):
     def _free(self, key: int, handle: int) -> None:
         self._live.discard(key)
         self.allocator.free(handle)
+
+    def ignore(self, storage: torch.UntypedStorage) -> None:
+        """A storage the step uses but the target holds otherwise (a parameter FSDP keeps as shards)."""
+        self._live.add(storage._cdata)
+
+    def hold(self, nbytes: int, stream: int = COMPUTE) -> int:
+        """A block the target allocates outside the meta step (FSDP's buffers): its handle, for ``release``."""
+        self._handles += 1
+        if nbytes:
+            self.allocator.malloc(self._handles, nbytes, stream)
+        return self._handles
+
+    def release(self, handle: int) -> None:
+        if self.allocator.live(handle):
+            self.allocator.free(handle)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -99,6 +146,87 @@ def _dequantizing(model, quantized: set[str], dtype: torch.dtype) -> list:
     return handles
 
 
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+class _ShardedAllocations:
+    """FSDP2's allocations around the meta step (see the module docstring), made by module hooks."""
+
+    def __init__(self, stream: _AllocationStream, model, sharding: ShardedStep):
+        self.stream, self.sharding = stream, sharding
+        self.layers = decoder_layers(model)
+        self.flat: int | None = None  # the latest all-gather's flat output, kept until the next
+        self.gathered: dict[int, int] = {}  # layer -> its unsharded parameters
+        self.root: int | None = None
+        self.grad_shards: int | None = None
+        self.done: list[torch.nn.Module] = []  # layers whose gradients were reduce-scattered this step
+        self.optimizer_state: int | None = None
+        self.handles = [h for i, layer in enumerate(self.layers) for h in (
+            layer.register_forward_pre_hook(functools.partial(self._pre_forward, i)),
+            layer.register_forward_hook(functools.partial(self._post_forward, i)),
+            layer.register_full_backward_pre_hook(functools.partial(self._pre_backward, i)),
+            layer.register_full_backward_hook(functools.partial(self._post_backward, i)))]
+
+    def _all_gather(self, nbytes: int) -> int:
+        flat = self.stream.hold(nbytes, ALL_GATHER)
+        if self.flat is not None:
+            self.stream.release(self.flat)
+        self.flat = flat
+        return self.stream.hold(nbytes, COMPUTE)
+
+    def _unshard(self, i: int) -> None:
+        if 0 <= i < len(self.layers) and i not in self.gathered:
+            self.gathered[i] = self._all_gather(self.sharding.layers[i])
+
+    def _reduce_scatter(self, nbytes: int) -> None:
+        if self.grad_shards is None:
+            self.grad_shards = self.stream.hold(self.sharding.grad_shards, REDUCE_SCATTER)
+        self.stream.release(self.stream.hold(nbytes, REDUCE_SCATTER))
+
+    def start_forward(self) -> None:
+        self.root = self._all_gather(self.sharding.root)
+
+    def _pre_forward(self, i, module, args):
+        if not _in_backward():  # in a recomputation the pre-backward has gathered it
+            self._unshard(i)
+
+    def _post_forward(self, i, module, args, output):
+        if self.sharding.reshard and not _in_backward():
+            self.stream.release(self.gathered.pop(i))
+
+    def _pre_backward(self, i, module, grad_output):
+        self._unshard(i)
+        self._unshard(i - 1)  # FSDP2 prefetches the next layer backward runs
+
+    def _post_backward(self, i, module, grad_input, grad_output):
+        self._reduce_scatter(self.sharding.layer_grads[i])
+        self.done.append(module)
+        for layer in self.done:  # the unsharded gradients, freed once reduced
+            for p in layer.parameters():
+                p.grad = None
+        self.stream.release(self.gathered.pop(i))
+
+    def end_backward(self, trainable: list) -> None:
+        self._reduce_scatter(self.sharding.root_grads)
+        for p in trainable:
+            p.grad = None
+        for handle in [self.root, self.flat, *self.gathered.values()]:
+            if handle is not None:
+                self.stream.release(handle)
+        self.root = self.flat = None
+        self.gathered.clear()
+        self.done.clear()
+
+    def optimizer_step(self) -> None:
+        if self.optimizer_state is None:  # made at the first step, as torch's optimizers do
+            self.optimizer_state = self.stream.hold(self.sharding.optimizer_state)
+        self.stream.release(self.stream.hold(self.sharding.optimizer_temporaries))
+        if self.grad_shards is not None:
+            self.stream.release(self.grad_shards)
+            self.grad_shards = None
+
+
 def _optimizer(method: Method, parameters: list, target: Target):
     """The optimizer the workload steps, on meta: torch's AdamW (foreach, as on CUDA) or SGD. bitsandbytes' 8-bit
     optimizers have no meta kernels: their state is counted by the estimate, not replayed (None)."""
@@ -111,17 +239,27 @@ def _optimizer(method: Method, parameters: list, target: Target):
 
 def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: set[str], method: Method,
                 batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
-                compute_dtype: torch.dtype) -> AllocatorReplay:
+                compute_dtype: torch.dtype, sharding: ShardedStep | None = None) -> AllocatorReplay:
     """``STEPS`` training steps of ``model`` (a meta model) with ``method``'s checkpointing, loss and optimizer;
     ``static_sizes``: each weight and buffer with the bytes it holds on the target (4-bit weights packed), in the
-    order they are loaded."""
+    order they are loaded; ``sharding``: FSDP's allocations on one rank, in place of the whole weights and the
+    optimizer's step on them."""
     allocator = CachingAllocator()
     stream = _AllocationStream(allocator)
-    for tensor, nbytes in static_sizes:
-        stream.allocate(tensor.untyped_storage(), nbytes)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _optimizer(method, trainable, target)
-    hooks = _dequantizing(model, quantized, compute_dtype)
+    sharded = None
+    if sharding is None:
+        for tensor, nbytes in static_sizes:
+            stream.allocate(tensor.untyped_storage(), nbytes)
+        optimizer = _optimizer(method, trainable, target)
+    else:
+        for tensor, _ in static_sizes:
+            stream.ignore(tensor.untyped_storage())
+        for nbytes in sharding.shards:
+            stream.hold(nbytes)
+        optimizer = None
+        sharded = _ShardedAllocations(stream, model, sharding)
+    hooks = _dequantizing(model, quantized, compute_dtype) + (sharded.handles if sharded else [])
     if method.gradient_checkpointing:
         # Non-reentrant, with the stand-ins active while a layer is recomputed in backward (they are a mode of
         # this thread; autograd does not carry them into the recomputation).
@@ -132,6 +270,8 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
         with library_output(), stream, contiguous_batches():
             for _ in range(STEPS):
                 batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+                if sharded:
+                    sharded.start_forward()
                 with TargetDevice(target, autocast):  # one per forward, as autocast's cache of casts is
                     if method.loss == "fp32":
                         loss = model(input_ids=batch, labels=batch).loss
@@ -139,7 +279,10 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
                         loss = loss_of_logits(model(input_ids=batch).logits, batch, method.loss)
                 loss.backward()
                 del loss, batch
-                if optimizer is not None:
+                if sharded:
+                    sharded.end_backward(trainable)
+                    sharded.optimizer_step()
+                elif optimizer is not None:
                     optimizer.step()
                 for p in trainable:
                     p.grad = None
