@@ -1,6 +1,7 @@
 """The caching allocator's policy (``predict.allocator``) against real allocator snapshots, and the training step
 replayed through it (``predict.step_replay``)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import shrunk_default_config
 from profkit.predict.allocator import CachingAllocator, rounded, segment_size
 from profkit.predict.estimate import EstimateError, estimate, estimate_run
+from tests.conftest import invoke
 
 SNAPSHOTS = Path(__file__).parent / "data" / "cuda-snapshots"
 MiB = 1 << 20
@@ -107,3 +109,22 @@ def test_the_step_replays_on_any_architecture_or_says_why_not(model_type):
         assert any("could not be replayed" in n for n in e.notes), e.notes
     else:
         assert reserved["basis"] == "replay"
+
+
+def test_the_estimate_says_which_basis_each_reserved_figure_has():
+    """On CUDA the table shows reserved and nvidia-smi rows; with a replayed method beside one that is not (ZeRO), each
+    note names its methods; JSON carries the replay and what lies outside the allocator."""
+    result = invoke("estimate", "lora_gc", "lora_zero2", "--preset", "micro", "--device", "cuda")
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    assert "reserved (est.)" in out and "nvidia-smi (est.)" in out
+    assert "reserved (lora_gc): the allocated peak plus" in out
+    assert "reserved (lora_zero2): the predicted allocated peak x" in out
+    result = invoke("estimate", "lora_fsdp", "--preset", "micro", "--device", "cuda", "--world-size", "2",
+                    "--format", "json")
+    assert result.returncode == 0, result.stderr
+    [e] = json.loads(result.stdout)
+    assert e["reserved"]["basis"] == "replay"
+    assert e["reserved"]["bytes"] == e["peak_bytes"] + e["allocator_replay"]["overhead"]
+    assert set(e["device_used"]["outside_allocator"]) == {"cuda_context", "nccl"}
+    assert e["device_used"]["bytes"] == e["reserved"]["bytes"] + sum(e["device_used"]["outside_allocator"].values())

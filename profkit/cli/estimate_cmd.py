@@ -192,11 +192,17 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         out.print(t)
     for note in dict.fromkeys(n for e in estimates for n in e.notes):
         out.print(f"[dim]note: {note}[/]", highlight=False)
-    bases = dict.fromkeys(e.reserved()["basis"] for e in estimates if e.reserved())
+    bases: dict[str, list[str]] = {}
+    for e in estimates:
+        if e.reserved():
+            bases.setdefault(e.reserved()["basis"], []).append(e.method)
     if bases:
         from profkit.predict.estimate import DEVICE_BASIS, RESERVED_BASIS, reserved_ratios  # heavy: torch
 
         ratios = ", ".join(f"{r:.2f}" for r in reserved_ratios())
-        for basis in bases:
-            out.print(f"[dim]note: {RESERVED_BASIS[basis].format(ratios=ratios)}[/]", highlight=False)
+        for basis, methods in bases.items():
+            text = RESERVED_BASIS[basis].format(ratios=ratios)
+            if len(bases) > 1:  # say which methods each basis is for
+                text = text.replace("reserved:", f"reserved ({', '.join(methods)}):", 1)
+            out.print(f"[dim]note: {text}[/]", highlight=False)
         out.print(f"[dim]note: {DEVICE_BASIS}[/]", highlight=False)
