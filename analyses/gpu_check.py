@@ -384,11 +384,6 @@ def check_runs(runs: list[CheckRun], root: Path, device: str) -> list[dict]:
             r["predicted"] = [{"category": p.category, "phase": p.phase, "predicted_bytes": _number(p.predicted_bytes),
                                "measured_bytes": _number(p.measured_bytes), "error": _number(p.error)}
                               for p in predicted.itertuples(index=False)]
-            reserved_estimate = ((record.estimate or {}).get("reserved") or {}).get("bytes") if record else None
-            if reserved_estimate and peaks.get("cuda_max_reserved"):
-                r["predicted"].append({"category": "reserved", "phase": "peak", "predicted_bytes": reserved_estimate,
-                                       "measured_bytes": peaks["cuda_max_reserved"],
-                                       "error": reserved_estimate / peaks["cuda_max_reserved"] - 1})
             clean, profiled = _number(row.get("clean_step_time_s")), _number(row.get("profiled_step_time_s"))
             r["time"] = {"clean_step_s": clean, "profiled_step_s": profiled,
                          "profiled_over_clean": profiled / clean if clean and profiled else None,

@@ -250,3 +250,17 @@ def test_a_method_name_too_long_for_80_columns_is_numbered_not_cut():
     assert f"#1 = {label}" in result.stdout
     assert "…" not in result.stdout and max(len(line) for line in result.stdout.splitlines()) <= 80
     assert "parameters_quantized" in result.stdout  # the row labels whole too
+
+
+def test_a_cuda_run_sets_each_predicted_peak_beside_its_own_counter():
+    """On CUDA the breakdown's measured peak is reserved memory: the predicted allocated peak meets
+    max_memory_allocated and the predicted reserved meets max_memory_reserved, not each other."""
+    estimate = {"instants": {"forward": {}, "optimizer": {}}, "peak_bytes": 100, "reserved": {"bytes": 130}}
+    memory = pd.DataFrame(columns=["phase", "category", "bytes"])
+    measured = pd.DataFrame({"phase": ["peak"], "measured_peak_bytes": [150]})
+    cuda = predicted_vs_measured(estimate, memory, measured, {"cuda_max_allocated": 110, "cuda_max_reserved": 150})
+    rows = cuda.set_index("category")
+    assert rows.loc["peak"].measured_bytes == 110 and rows.loc["reserved"].measured_bytes == 150
+    assert rows.loc["reserved"].error == pytest.approx(130 / 150 - 1)
+    cpu = predicted_vs_measured({**estimate, "reserved": None}, memory, measured).set_index("category")
+    assert list(cpu.index) == ["peak"] and cpu.loc["peak"].measured_bytes == 150

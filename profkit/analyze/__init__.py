@@ -433,7 +433,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         estimate = record.estimate or {}
         if "instants" in estimate:
             row["predicted_peak_bytes"] = estimate["peak_bytes"]
-            c.add("predicted", predicted_vs_measured(estimate, m.rows, m.measured), src.run, method)
+            c.add("predicted", predicted_vs_measured(estimate, m.rows, m.measured, cuda_peaks), src.run, method)
         elif "error" in estimate:
             notes.append(f"no memory estimate: {estimate['error']}")
         if "error" in (estimate.get("step_time") or {}):

@@ -5,8 +5,9 @@ Each category is compared where both sides mean the same instant: parameters and
 and activations at the forward phase's peak (the loss, where the logits are live beside everything saved
 for backward); gradients at the optimizer phase's peak (where every gradient exists). For generation: weights and
 activations at the prefill's peak, the KV cache at the last decode pass's. The measured peak is
-set beside the predicted peak too; it is shown, not held to a target: transients inside backward and the
-optimizer step, and the CUDA allocator's cache, are modelled roughly or not at all.
+set beside the predicted peak too (on CUDA the allocated peak beside the allocated one, and the predicted reserved
+beside ``max_memory_reserved``); it is shown, not held to a target: transients inside backward and the optimizer
+step are modelled roughly.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ COMPARED_INFERENCE = {
 }
 
 
-def predicted_vs_measured(estimate: dict, memory: pd.DataFrame, measured: pd.DataFrame) -> pd.DataFrame:
+def predicted_vs_measured(estimate: dict, memory: pd.DataFrame, measured: pd.DataFrame,
+                          cuda_peaks: dict | None = None) -> pd.DataFrame:
     """Rows per compared category plus ``peak``; ``error`` is predicted / measured - 1 (None when measured
-    is 0 and so is the prediction's scale meaningless)."""
+    is 0 and so is the prediction's scale meaningless). ``cuda_peaks``: a CUDA run's ``cuda_max_allocated`` and
+    ``cuda_max_reserved``; with them the predicted allocated peak is set beside the allocated one (the
+    breakdown's measured peak on CUDA is reserved memory) and the predicted reserved beside the reserved one."""
     rows = []
     compared = COMPARED_INFERENCE if "prefill" in estimate["instants"] else COMPARED
     for category, (instant, phase) in compared.items():
@@ -42,6 +46,12 @@ def predicted_vs_measured(estimate: dict, memory: pd.DataFrame, measured: pd.Dat
         if got.empty or instant not in estimate["instants"]:
             continue
         rows.append(_row(category, phase, estimate["instants"][instant][category], int(got.iloc[0])))
+    reserved = estimate.get("reserved")
+    if cuda_peaks and "cuda_max_allocated" in cuda_peaks:
+        rows.append(_row("peak", "peak", estimate["peak_bytes"], int(cuda_peaks["cuda_max_allocated"])))
+        if reserved and "cuda_max_reserved" in cuda_peaks:
+            rows.append(_row("reserved", "peak", reserved["bytes"], int(cuda_peaks["cuda_max_reserved"])))
+        return pd.DataFrame(rows, columns=PREDICTED_COLUMNS)
     peak = measured[measured.phase == "peak"].measured_peak_bytes
     if not peak.empty:
         rows.append(_row("peak", "peak", estimate["peak_bytes"], int(peak.iloc[0])))
