@@ -8,7 +8,7 @@ import pytest
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from profkit.analyze.snapshot import load_snapshot
-from profkit.core.methods import get_method
+from profkit.core.methods import get_method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import shrunk_default_config
 from profkit.predict.allocator import CachingAllocator, rounded, segment_size
@@ -68,20 +68,25 @@ def test_block_policy():
         a.malloc("big", 1)
 
 
-@pytest.mark.parametrize("method, ranks", [("full", 1), ("full_gc", 1), ("lora", 1), ("lora_gc", 1), ("qlora", 1),
-                                           ("qlora_gc", 1), ("full_fsdp", 2), ("lora_fsdp_gc", 2), ("qlora_fsdp", 2),
-                                           ("full_fsdp_gc", 4)])
-def test_the_replayed_step_allocates_what_the_estimate_counts(method, ranks):
+@pytest.mark.parametrize("method, ranks, overrides", [
+    ("full", 1, {}), ("full_gc", 1, {}), ("lora", 1, {}), ("lora_gc", 1, {}), ("qlora", 1, {}), ("qlora_gc", 1, {}),
+    ("full_fsdp", 2, {}), ("lora_fsdp_gc", 2, {}), ("qlora_fsdp", 2, {}), ("full_fsdp_gc", 4, {}),
+    ("lora_fsdp", 2, {"offload": "optimizer+params"})])
+def test_the_replayed_step_allocates_what_the_estimate_counts(method, ranks, overrides):
     """The replayed step sees the allocations the estimate counts (under FSDP, its shards, gathers and
-    reduce-scatters): its own allocated peak (blocks rounded to 512 bytes) lies within 1% of the estimate's
-    allocated peak, and the reserved prediction is at least that peak."""
-    e = estimate_run(get_method(method), RunSettings(method=method, preset="micro"), "cuda", ranks)
+    reduce-scatters; under its CPU offload, the shards staged for each all-gather): its own allocated peak (blocks
+    rounded to 512 bytes) lies within 1% of the estimate's allocated peak, and the reserved prediction is at least
+    that peak."""
+    e = estimate_run(with_overrides(get_method(method), **overrides), RunSettings(method=method, preset="micro"),
+                     "cuda", ranks)
     assert e.replay is not None, e.notes
     assert abs(e.replay.peak_allocated / e.peak_bytes - 1) <= 0.01, (e.replay, e.peak_bytes)
     reserved = e.reserved()
     assert reserved["basis"] == "replay"
     assert reserved["bytes"] == e.peak_bytes + e.replay.overhead >= e.peak_bytes
     assert e.replay.peak_reserved >= e.replay.peak_allocated
+    growing = e.reserved_if_lengths_grow()
+    assert growing["lengths"] == [16, 32, 48, 64] and growing["bytes"] >= e.peak_bytes
     device = e.device_used()
     assert device["bytes"] > reserved["bytes"] and "cuda_context" in device["outside_allocator"]
     assert ("nccl" in device["outside_allocator"]) == (ranks > 1)
@@ -117,14 +122,15 @@ def test_the_estimate_says_which_basis_each_reserved_figure_has():
     result = invoke("estimate", "lora_gc", "lora_zero2", "--preset", "micro", "--device", "cuda")
     assert result.returncode == 0, result.stderr
     out = " ".join(result.stdout.split())
-    assert "reserved (est.)" in out and "nvidia-smi (est.)" in out
+    assert "reserved (est.)" in out and "nvidia-smi (est.)" in out and "reserved, lengths grow" in out
+    assert "steps of 16, 32, 48, 64 tokens replayed" in out
     assert "reserved (lora_gc): the allocated peak plus" in out
     assert "reserved (lora_zero2): the predicted allocated peak x" in out
     result = invoke("estimate", "lora_fsdp", "--preset", "micro", "--device", "cuda", "--world-size", "2",
                     "--format", "json")
     assert result.returncode == 0, result.stderr
     [e] = json.loads(result.stdout)
-    assert e["reserved"]["basis"] == "replay"
+    assert e["reserved"]["basis"] == "replay" and e["reserved_if_lengths_grow"]["lengths"] == [16, 32, 48, 64]
     assert e["reserved"]["bytes"] == e["peak_bytes"] + e["allocator_replay"]["overhead"]
     assert set(e["device_used"]["outside_allocator"]) == {"cuda_context", "nccl"}
     assert e["device_used"]["bytes"] == e["reserved"]["bytes"] + sum(e["device_used"]["outside_allocator"].values())

@@ -186,6 +186,7 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
             t.add_column(label[e.method], justify="right", no_wrap=True)
         for category, row in table.iterrows():
             label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)", "nvidia_smi": "nvidia-smi (est.)",
+                     "reserved_lengths_grow": "reserved, lengths grow",
                      "host_offloaded": "host (offloaded)"}.get(category, category)
             t.add_row(label, *[human_bytes(row[e.method]) for e in chunk])
         t.add_row("[dim]peak at[/]", *[f"[dim]{e.peak_instant}[/]" for e in chunk])
@@ -197,7 +198,8 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         if e.reserved():
             bases.setdefault(e.reserved()["basis"], []).append(e.method)
     if bases:
-        from profkit.predict.estimate import DEVICE_BASIS, RESERVED_BASIS, reserved_ratios  # heavy: torch
+        from profkit.predict.estimate import (  # heavy: torch (see run_estimates)
+            DEVICE_BASIS, GROWING_BASIS, RESERVED_BASIS, reserved_ratios)
 
         ratios = ", ".join(f"{r:.2f}" for r in reserved_ratios())
         for basis, methods in bases.items():
@@ -206,3 +208,7 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
                 text = text.replace("reserved:", f"reserved ({', '.join(methods)}):", 1)
             out.print(f"[dim]note: {text}[/]", highlight=False)
         out.print(f"[dim]note: {DEVICE_BASIS}[/]", highlight=False)
+        growing = next((e.reserved_if_lengths_grow() for e in estimates if e.reserved_if_lengths_grow()), None)
+        if growing:
+            lengths = ", ".join(str(n) for n in growing["lengths"])
+            out.print(f"[dim]note: {GROWING_BASIS.format(lengths=lengths)}[/]", highlight=False)

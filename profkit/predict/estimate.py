@@ -56,7 +56,7 @@ from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logit
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import zero3_linear, zero_buffers
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
-from profkit.predict.step_replay import AllocatorReplay, ShardedStep, replay_step
+from profkit.predict.step_replay import AllocatorReplay, ShardedStep, fixed_lengths, growing_lengths, replay_step
 
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
@@ -77,13 +77,18 @@ class Estimate:
     detail: dict[str, int] = field(default_factory=dict)  # named parts behind the categories, bytes
     notes: list[str] = field(default_factory=list)
     host: dict[str, int] = field(default_factory=dict)  # offloaded to pinned host memory, by category, bytes
-    # The step replayed through the caching allocator's policy, run when reserved memory is first asked for (it
-    # runs two whole steps on meta, several times the estimate's own forward); None where it is not replayed.
-    replayer: Callable[[], AllocatorReplay | None] | None = field(default=None, repr=False, compare=False)
+    # Steps of the given lengths replayed through the caching allocator's policy, run when reserved memory is first
+    # asked for (whole steps on meta, several times the estimate's own forward); None where it is not replayed.
+    replayer: Callable[[tuple[int, ...]], AllocatorReplay | None] | None = field(default=None, repr=False,
+                                                                                compare=False)
 
     @functools.cached_property
     def replay(self) -> AllocatorReplay | None:
-        return self.replayer() if self.replayer is not None else None
+        return self.replayer(fixed_lengths(self.settings["seq_len"])) if self.replayer is not None else None
+
+    @functools.cached_property
+    def growing_replay(self) -> AllocatorReplay | None:
+        return self.replayer(growing_lengths(self.settings["seq_len"])) if self.replay is not None else None
 
     @property
     def peak_instant(self) -> str:
@@ -111,6 +116,15 @@ class Estimate:
         return {"low_bytes": int(self.peak_bytes * min(ratios)), "bytes": int(self.peak_bytes * median(ratios)),
                 "high_bytes": int(self.peak_bytes * max(ratios)), "basis": "ratio", "ratios": ratios}
 
+    def reserved_if_lengths_grow(self) -> dict | None:
+        """Reserved memory when each batch is padded to its longest sample and the lengths grow to the full one over
+        the run (``step_replay.growing_lengths``): the other choice to the packed, fixed-length steps ``reserved``
+        assumes. None where the step is not replayed."""
+        if self.growing_replay is None:
+            return None
+        return {"bytes": self.peak_bytes + self.growing_replay.overhead,
+                "lengths": list(growing_lengths(self.settings["seq_len"]))}
+
     def device_used(self) -> dict | None:
         """CUDA targets: what nvidia-smi would show for this process: reserved memory plus what lies outside
         PyTorch's allocator, the CUDA context and, on more than one rank, NCCL's buffers, as sourced in
@@ -128,6 +142,7 @@ class Estimate:
         return {"method": self.method, "settings": self.settings, "instants": self.instants,
                 "peak_instant": self.peak_instant, "peak_bytes": self.peak_bytes, "reserved": self.reserved(),
                 "device_used": self.device_used(), "allocator_replay": self.replay and self.replay.to_json(),
+                "reserved_if_lengths_grow": self.reserved_if_lengths_grow(),
                 "params": self.params, "detail": self.detail, "notes": self.notes, "host": self.host,
                 "host_bytes": sum(self.host.values())}
 
@@ -137,6 +152,8 @@ RESERVED_BASIS = {
               "the step's allocations are replayed through it (profkit/predict/allocator.py)",
     "ratio": "reserved: the predicted allocated peak x the CUDA caching allocator's peak reserved / peak allocated "
              "on real training steps ({ratios}; analyses/allocator_overhead.py)"}
+GROWING_BASIS = ("reserved, lengths grow: each batch padded to its longest sample and the lengths growing to the full "
+                 "one over the run; steps of {lengths} tokens replayed, the blocks of the shorter ones staying cached")
 DEVICE_BASIS = ("nvidia-smi: reserved plus the CUDA context (about 0.4 GB) and, on several ranks, NCCL's buffers "
                 "(0.5-0.7 GB), outside PyTorch's counters (profkit/data/allocator/outside_allocator.csv)")
 
@@ -365,8 +382,8 @@ def _assumptions(config, plan, batch_size: int, seq_len: int, checkpointing: boo
     per_k = activations * 1000 // max(batch_size * seq_len, 1)
     notes = [f"every sample taken as {seq_len} tokens (packed, or padded to {seq_len}): padded to the longest "
              f"sample of each batch instead, a batch peaks with its longest sample (activations about "
-             f"{per_k / 2**20:,.1f} MiB per 1,000 tokens of the batch), and the CUDA allocator caches more than "
-             "the reserved estimate, which replays steps of one length"]
+             f"{per_k / 2**20:,.1f} MiB per 1,000 tokens of the batch), and the CUDA allocator keeps the blocks of "
+             "shorter steps (the estimate's \"reserved, lengths grow\")"]
     heads = getattr(config, "num_attention_heads", None)
     layers = 1 if checkpointing else getattr(config, "num_hidden_layers", 0)
     if heads and layers:
@@ -414,7 +431,7 @@ class _Fsdp:
     optimizer_temporaries: int
     detail: dict[str, int]
     notes: list[str]
-    step: ShardedStep | None  # the same allocations, for the replay (None under CPU offload: not replayed)
+    step: ShardedStep  # the same allocations, for the replay
 
     def instants(self, forward_activations: int, backward_activations: int, logits_grad: int) -> dict:
         """``logits_grad``: the loss' backward, two gradients of the fp32 logits' size."""
@@ -513,13 +530,14 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
         gradients, optimizer_temporaries = 0, 0
         notes.append("FSDP CPU offload: the shards, their gradients and the optimizer state are in pinned host "
                      "memory and the optimizer steps there; the GPU holds what is gathered")
-    step = None if method.offload != "none" else ShardedStep(
-        shards=shard_sizes + [b.numel() * b.element_size() for b in model.buffers()],
+    offloaded = method.offload != "none"
+    step = ShardedStep(
+        shards=([] if offloaded else shard_sizes) + [b.numel() * b.element_size() for b in model.buffers()],
         root=detail["fsdp_root_gathered"], layers=per_layer,
         layer_grads=[sum(reduced.get(id(p), 0) for p in layer.parameters()) for layer in layers],
         root_grads=sum(b for i, b in reduced.items() if i not in in_layers), grad_shards=gradients,
         optimizer_state=static["optimizer_state"], optimizer_temporaries=optimizer_temporaries, world=world,
-        reshard=method.reshard_after_forward)
+        reshard=method.reshard_after_forward, staged=offloaded)
     return _Fsdp(static, host, gradients, detail["fsdp_root_gathered"], max(per_layer, default=0), sum(per_layer),
                  root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, detail, notes, step)
 
@@ -683,8 +701,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         host = fsdp.host
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     replayer = None
-    if target == "cuda" and not method.zero_stage and (fsdp is None or fsdp.step is not None):
-        replayer = functools.partial(_replay, model, quantized, method, plan, batch_size, seq_len, target, notes,
+    if target == "cuda" and not method.zero_stage:
+        replayer = functools.partial(_replay, model, quantized, method, plan, batch_size, target, notes,
                                      fsdp.step if fsdp else None)
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "engine": engine,
@@ -693,8 +711,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                     replayer)
 
 
-def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, seq_len: int, target: Target,
-            notes: list[str], sharding: ShardedStep | None) -> AllocatorReplay | None:
+def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, target: Target, notes: list[str],
+            sharding: ShardedStep | None, lengths: tuple[int, ...]) -> AllocatorReplay | None:
     """The step replayed through the caching allocator's policy (``predict.step_replay``), or None, with the
     reason in ``notes``, where an op of the model has no meta kernel for its backward."""
     double_quant = method.double_quant and bool(quantized)
@@ -702,7 +720,7 @@ def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, s
              for n, t in [*model.named_parameters(), *model.named_buffers()]]
     compute = plan.quantization.bnb_4bit_compute_dtype if plan.quantization is not None else torch.bfloat16
     try:
-        return replay_step(model, sizes, quantized, method, batch_size, seq_len, target, plan.autocast, compute,
+        return replay_step(model, sizes, quantized, method, batch_size, lengths, target, plan.autocast, compute,
                            sharding)
     except (RuntimeError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -870,12 +888,15 @@ def frame(estimates: list[Estimate]) -> pd.DataFrame:
 
 
 def at_peak(estimates: list[Estimate]) -> pd.DataFrame:
-    """Rows: categories, ``peak`` (allocated), for CUDA targets ``reserved`` and ``nvidia_smi`` (see
-    ``Estimate.reserved`` and ``Estimate.device_used``) and, where
+    """Rows: categories, ``peak`` (allocated), for CUDA targets ``reserved``, ``nvidia_smi`` and, where the step is
+    replayed, ``reserved_lengths_grow`` (see ``Estimate.reserved``, ``device_used`` and ``reserved_if_lengths_grow``)
+    and, where
     a method offloads, ``host_offloaded`` (pinned host memory); columns: methods; bytes at each method's peak."""
     host = any(e.host for e in estimates)
     return pd.DataFrame({e.method: {**e.at_peak(), "peak": e.peak_bytes,
                                     **({"reserved": e.reserved()["bytes"]} if e.reserved() else {}),
                                     **({"nvidia_smi": e.device_used()["bytes"]} if e.device_used() else {}),
+                                    **({"reserved_lengths_grow": e.reserved_if_lengths_grow()["bytes"]}
+                                       if e.reserved_if_lengths_grow() else {}),
                                     **({"host_offloaded": sum(e.host.values())} if host else {})}
                          for e in estimates})

@@ -59,8 +59,11 @@ def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
 # Its rows quote each source's own words for a setting; a figure is estimated only where every setting the estimate
 # needs is stated, and otherwise kept with the reason it is not (the settings a figure lacks are never guessed).
 
-NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|max length)\))?\s*$")
-CAPPED = re.compile(r"^\s*<=\s*(\d+)\b.*truncated")
+NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length)\))?\s*$", re.I)
+# Batches padded to their longest sample, truncated at a cap: "<=768 (truncation, ...)", "<=512 (..., truncated)",
+# "1024 (max_length truncation; dataset mean ...)", "4096 max (alpaca, not packed; padded per batch)".
+CAPPED = re.compile(r"^\s*(?:<=\s*(\d+)\b.*truncat|(\d+)\s*\(max_length truncation|(\d+)\s+max\b.*padded per batch)",
+                    re.I)
 SHORT_PROMPT = 8
 # litgpt's and torchtune's names for the layers LoRA targets, as Hugging Face names them.
 LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "projection": ["o_proj"],
@@ -82,6 +85,7 @@ class Figure:
     world_size: int = 1
     new_tokens: int = 1
     engine: str = "loop"  # "trainer": run through accelerate (the HF Trainer), as the source states
+    varying: bool = False  # batches padded to their longest sample: lengths vary from step to step
     reason: str = ""
     assumed: tuple[str, ...] = ()
 
@@ -112,9 +116,10 @@ def read_figure(r, models: dict) -> Figure:
     seq = NUMBER.match(r.seq_len)
     capped = CAPPED.match(r.seq_len)
     if capped:  # batches padded to their longest sample, truncated at the cap: the peak is at a batch that reaches it
-        seq_len = int(capped.group(1))
+        seq_len = int(next(g for g in capped.groups() if g))
         assumed.append(f"sequence {seq_len}: the longest batch reaches the truncation length (padding to the "
-                       "longest sample); a dataset whose samples are all shorter peaks lower")
+                       "longest sample); a dataset whose samples are all shorter peaks lower; reserved memory as "
+                       "when the lengths grow to it over the run")
     elif r.seq_len.startswith("short prompt"):
         seq_len = SHORT_PROMPT
         assumed.append(f"a short prompt taken as {SHORT_PROMPT} tokens (the weights dominate: a few tokens more or "
@@ -209,7 +214,7 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=f"setting not understood: {exc}")
     engine = "trainer" if "accelerate" in sharding else "loop"
     return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, engine,
-                  assumed=tuple(assumed))
+                  varying=bool(capped), assumed=tuple(assumed))
 
 
 # What profkit builds (transformers 5) is not what a figure from transformers 4 ran.
@@ -327,8 +332,12 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                 row["reason"] = f"refused: {exc}"
             else:
                 kind = COUNTERS.get(r.counter)
-                predicted = (e.reserved()["bytes"] if kind == "reserved" else
-                             e.device_used()["bytes"] if kind == "device" else e.peak_bytes)
+                reserved = e.reserved()["bytes"]
+                if figure.varying and kind in ("reserved", "device") and e.reserved_if_lengths_grow():
+                    reserved = e.reserved_if_lengths_grow()["bytes"]
+                predicted = (reserved if kind == "reserved" else
+                             e.device_used()["bytes"] - e.reserved()["bytes"] + reserved if kind == "device"
+                             else e.peak_bytes)
                 # What no run with these settings can go below: weights, and for training the gradients and the
                 # optimizer state at the step (counted exactly; a figure under it contradicts its stated settings).
                 last = e.instants[list(e.instants)[-1]]

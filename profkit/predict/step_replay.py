@@ -4,16 +4,18 @@ The estimator's allocated peak is counted from what autograd saves (``predict.es
 allocator reserves beyond it depends on the order and sizes of every allocation of the step, temporaries
 included. Here the step itself runs on the meta device (no memory), under the same stand-ins for the target's
 kernels: each storage an op returns is an allocation, the end of that storage object its free, and the stream
-goes through ``predict.allocator.CachingAllocator``. Two steps run, so that the second finds the segments the
-first left cached, as a real run's steady state does, and the optimizer's state (made at the first step) sits
-where it lands.
+goes through ``predict.allocator.CachingAllocator``. Two steps run (``fixed_lengths``), so that the second finds
+the segments the first left cached, as a real run's steady state does, and the optimizer's state (made at the
+first step) sits where it lands; or steps of growing lengths (``growing_lengths``), for batches padded to their
+longest sample.
 
 FSDP's step (``ShardedStep``) is the same compute with FSDP2's allocations around it: each rank's shards; a
 unit's gathered parameters (the all-gather's flat output on its own stream, FSDP keeping the latest until the
 next, and the unsharded parameters) from its pre-forward to its post-forward and again from its pre-backward,
 with the next unit prefetched, to its post-backward; there its unsharded gradients are reduce-scattered (the
 reduce-scatter's input and output on another stream) and freed. The root unit (embeddings, final norm, LM head)
-stays gathered from forward to the end of backward. The optimizer steps on the shards. The caching allocator
+stays gathered from forward to the end of backward. The optimizer steps on the shards (under CPU offload, on the
+host: each shard is then copied to the device for its all-gather, and nothing else of it stays). The caching allocator
 keeps a pool per stream, so what one stream frees the others cannot take.
 
 What the stream does not see: kernels' internal workspaces (cuBLAS' is cached, a few MiB), and bitsandbytes'
@@ -39,7 +41,15 @@ from profkit.model.loss import loss_of_logits
 from profkit.predict.allocator import CachingAllocator
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
 
-STEPS = 2
+def fixed_lengths(seq_len: int) -> tuple[int, ...]:
+    """Two steps of the full length: the second finds what the first left cached, as a real run's steady state."""
+    return seq_len, seq_len
+
+
+def growing_lengths(seq_len: int) -> tuple[int, ...]:
+    """Batches padded to their longest sample, the lengths growing to ``seq_len``: the blocks of shorter steps stay
+    cached and rarely fit a longer step's requests, the most a run of varying lengths reserves."""
+    return tuple(sorted({max(1, seq_len * k // 4) for k in (1, 2, 3, 4)}))
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,7 @@ class ShardedStep:
     optimizer_temporaries: int
     world: int
     reshard: bool
+    staged: bool = False  # CPU offload: each shard is copied to the device before its all-gather
 
 
 COMPUTE, ALL_GATHER, REDUCE_SCATTER = 0, 1, 2  # the streams FSDP allocates on
@@ -169,7 +180,10 @@ class _ShardedAllocations:
             layer.register_full_backward_hook(functools.partial(self._post_backward, i)))]
 
     def _all_gather(self, nbytes: int) -> int:
+        staged = self.stream.hold(-(-nbytes // self.sharding.world)) if self.sharding.staged else None
         flat = self.stream.hold(nbytes, ALL_GATHER)
+        if staged is not None:
+            self.stream.release(staged)
         if self.flat is not None:
             self.stream.release(self.flat)
         self.flat = flat
@@ -238,9 +252,10 @@ def _optimizer(method: Method, parameters: list, target: Target):
 
 
 def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: set[str], method: Method,
-                batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
+                batch_size: int, lengths: tuple[int, ...], target: Target, autocast: torch.dtype | None,
                 compute_dtype: torch.dtype, sharding: ShardedStep | None = None) -> AllocatorReplay:
-    """``STEPS`` training steps of ``model`` (a meta model) with ``method``'s checkpointing, loss and optimizer;
+    """Training steps of ``model`` (a meta model), one per sequence length in ``lengths``, with ``method``'s
+    checkpointing, loss and optimizer;
     ``static_sizes``: each weight and buffer with the bytes it holds on the target (4-bit weights packed), in the
     order they are loaded; ``sharding``: FSDP's allocations on one rank, in place of the whole weights and the
     optimizer's step on them."""
@@ -268,7 +283,7 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
             "context_fn": lambda: (contextlib.nullcontext(), TargetDevice(target, autocast))})
     try:
         with library_output(), stream, contiguous_batches():
-            for _ in range(STEPS):
+            for seq_len in lengths:
                 batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
                 if sharded:
                     sharded.start_forward()
