@@ -15,8 +15,8 @@ next, and the unsharded parameters) from its pre-forward to its post-forward and
 with the next unit prefetched, to its post-backward; there its unsharded gradients are reduce-scattered (the
 reduce-scatter's input and output on another stream) and freed. The root unit (embeddings, final norm, LM head)
 stays gathered from forward to the end of backward. The optimizer steps on the shards (under CPU offload, on the
-host: each shard is then copied to the device for its all-gather, and nothing else of it stays). The caching allocator
-keeps a pool per stream, so what one stream frees the others cannot take.
+host: each shard is then copied to the device for its all-gather, and nothing else of it stays). The caching
+allocator keeps a pool per stream, so what one stream frees the others cannot take.
 
 What the stream does not see: kernels' internal workspaces (cuBLAS' is cached, a few MiB), and bitsandbytes'
 dequantized weights, added here by hand: a 4-bit layer dequantizes its weight into a temporary of the compute
@@ -40,6 +40,7 @@ from profkit.model.build import decoder_layers
 from profkit.model.loss import loss_of_logits
 from profkit.predict.allocator import CachingAllocator
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
+
 
 def fixed_lengths(seq_len: int) -> tuple[int, ...]:
     """Two steps of the full length: the second finds what the first left cached, as a real run's steady state."""
