@@ -3,8 +3,9 @@ measured in the same run.
 
 ``estimate()`` counts the allocated peak from one meta-device forward; the reserved figure replays two whole
 training steps (forward, backward with recomputation, optimizer) through the caching allocator's policy, run the
-first time reserved memory is asked for. For each setting, rounds alternate: a fresh ``estimate()`` (the
-reference), then its ``reserved()`` (the replay). The figure is the ratio of the medians.
+first time reserved memory is asked for, and ``reserved_if_lengths_grow()`` four steps of growing lengths. For
+each setting, rounds alternate: a fresh ``estimate()`` (the reference), then its ``reserved()`` (the replay), then
+``reserved_if_lengths_grow()``. The figures are the ratios of the medians.
 
 Usage: python analyses/bench_estimate_replay.py [--rounds 3] [--output reports/benchmarks/estimate_replay.json]
 """
@@ -43,7 +44,7 @@ def main() -> None:
     for model, name, overrides, batch, seq, ranks in SETTINGS:
         method = with_overrides(get_method(name), **overrides)
         config = config_of(MODELS[model])
-        estimate_s, replay_s = [], []
+        estimate_s, replay_s, growing_s = [], [], []
         for _ in range(args.rounds):
             start = time.perf_counter()
             e = estimate(method, config, batch, seq, ranks, "cuda", model, "trainer")
@@ -51,13 +52,19 @@ def main() -> None:
             start = time.perf_counter()
             e.reserved()
             replay_s.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            e.reserved_if_lengths_grow()
+            growing_s.append(time.perf_counter() - start)
         row = {"model": model, "method": method.label, "batch_size": batch, "seq_len": seq, "ranks": ranks,
                "estimate_s": statistics.median(estimate_s), "replay_s": statistics.median(replay_s),
                "replay_over_estimate": statistics.median(replay_s) / statistics.median(estimate_s),
-               "estimate_rounds_s": estimate_s, "replay_rounds_s": replay_s}
+               "growing_s": statistics.median(growing_s),
+               "growing_over_estimate": statistics.median(growing_s) / statistics.median(estimate_s),
+               "estimate_rounds_s": estimate_s, "replay_rounds_s": replay_s, "growing_rounds_s": growing_s}
         results.append(row)
         print(f"{model} {name} {batch}x{seq} ranks {ranks}: estimate {row['estimate_s']:.2f} s, replay "
-              f"{row['replay_s']:.2f} s ({row['replay_over_estimate']:.2f}x)")
+              f"{row['replay_s']:.2f} s ({row['replay_over_estimate']:.2f}x), growing lengths {row['growing_s']:.2f} s "
+              f"({row['growing_over_estimate']:.2f}x)")
     args.output.write_text(json.dumps({"torch_threads": torch.get_num_threads(), "rounds": args.rounds,
                                        "settings": results}, indent=2) + "\n")
 
