@@ -11,7 +11,7 @@ from profkit.analyze.snapshot import load_snapshot
 from profkit.core.methods import get_method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import shrunk_default_config
-from profkit.predict.allocator import CachingAllocator, rounded, segment_size
+from profkit.predict.allocator import CachingAllocator, OutOfMemory, rounded, segment_size
 from profkit.predict.estimate import EstimateError, estimate, estimate_run
 from tests.conftest import invoke
 
@@ -134,3 +134,33 @@ def test_the_estimate_says_which_basis_each_reserved_figure_has():
     assert e["reserved"]["bytes"] == e["peak_bytes"] + e["allocator_replay"]["overhead"]
     assert set(e["device_used"]["outside_allocator"]) == {"cuda_context", "nccl"}
     assert e["device_used"]["bytes"] == e["reserved"]["bytes"] + sum(e["device_used"]["outside_allocator"].values())
+
+
+def test_a_full_device_releases_the_cache_then_fails():
+    """When cudaMalloc fails the allocator gives every wholly free segment back and tries again; if that is not
+    enough, the allocation fails."""
+    a = CachingAllocator(capacity=60 * MiB)
+    a.malloc("x", 30 * MiB)
+    a.malloc("y", 20 * MiB)
+    a.free("x")  # cached: a free 30 MiB segment
+    a.malloc("z", 32 * MiB)  # no cached block fits and 50 + 32 > 60: x's segment goes back, then z fits
+    assert a.released == 30 * MiB and a.reserved == 52 * MiB
+    with pytest.raises(OutOfMemory) as failed:
+        a.malloc("w", 10 * MiB)  # a 20 MiB segment: 72 > 60 with nothing left to release
+    assert failed.value.requested == 10 * MiB and a.reserved == 52 * MiB
+
+
+def test_whether_a_step_fits_a_gpu_is_the_replay_with_the_room_it_has():
+    e = estimate_run(get_method("lora_gc"), RunSettings(method="lora_gc", preset="micro"), "cuda")
+    outside = sum(e.device_used()["outside_allocator"].values())
+    roomy = e.on_device(outside + 10 * e.reserved()["bytes"])
+    assert roomy["fits"] and roomy["failed_request_bytes"] is None
+    assert roomy["reserved_bytes"] == e.reserved()["bytes"]  # room to spare: the replay as without a capacity
+    tight = e.on_device(outside + e.peak_bytes // 2)
+    assert not tight["fits"] and tight["failed_request_bytes"] > 0
+    assert tight["capacity_bytes"] == e.peak_bytes // 2
+    result = invoke("estimate", "lora_gc", "--preset", "micro", "--device", "cuda", "--gpu", "A100-SXM4-40GB",
+                    "--format", "json")
+    assert result.returncode == 0, result.stderr
+    [row] = json.loads(result.stdout)
+    assert row["on_gpu"]["gpu"] == "A100-SXM4-40GB" and row["on_gpu"]["fits"]

@@ -77,18 +77,20 @@ def estimate(
 
     from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
+    fitting = {e.method: e.on_device(target.memory_bytes) for e in estimates} if target and device == "cuda" else {}
     if fmt is Format.json:
-        typer.echo(json.dumps([{**e.to_json(), **({"step_time": times[e.method].to_json()} if e.method in times else {})}
+        typer.echo(json.dumps([{**e.to_json(), **({"step_time": times[e.method].to_json()} if e.method in times else {}),
+                                **({"on_gpu": {"gpu": target.key, **fitting[e.method]}} if fitting.get(e.method) else {})}
                                for e in estimates], indent=2))
     elif fmt is Format.csv:
         typer.echo(frame(estimates).to_csv(index=False), nl=False)
     elif fmt is Format.markdown:
-        table = at_peak(estimates).map(lambda b: f"{b / 2**20:,.1f}")
+        table = at_peak(estimates).map(lambda b: "-" if b != b else f"{b / 2**20:,.1f}")  # NaN: not given
         typer.echo("## Predicted memory at each method's peak (MiB)\n\n" + table.to_markdown() + "\n")
     else:
         _print(estimates, settings, device, world_size)
         if times:
-            _print_times(times, target, estimates)
+            _print_times(times, target, estimates, fitting)
 
 
 def find_gpu(name: str | None, device: str):
@@ -135,7 +137,9 @@ def _method_labels(out: Console, methods: list[str]) -> dict[str, str]:
     return label
 
 
-def _print_times(times: dict, gpu, estimates) -> None:
+def _print_times(times: dict, gpu, estimates, fitting: dict) -> None:
+    """The step time on ``gpu``; ``fitting``: each method's ``Estimate.on_device`` there (the allocator replayed with
+    the room it has; None where the step is not replayed, judged then by its allocated peak)."""
     out = Console()
     peaks = {e.method: e.peak_bytes for e in estimates}
     categories = list(dict.fromkeys(c for st in times.values() for c in st.by_category))
@@ -155,11 +159,26 @@ def _print_times(times: dict, gpu, estimates) -> None:
         for c in categories:
             t.add_row(f"  {c}", *[f"{times[n].by_category.get(c, 0.0) * 1e3:,.2f} ms" for n in names])
         t.add_row("GFLOP per step", *[f"{times[n].flop / 1e9:,.1f}" for n in names])
-        t.add_row("fits in memory", *[("yes" if peaks.get(n, 0) <= gpu.memory_bytes else "[red]no[/]") + 
-                                      f" ({peaks.get(n, 0) / gpu.memory_bytes:.0%})" for n in names])
+        t.add_row("fits in memory", *[_fits(peaks.get(n, 0), fitting.get(n), gpu) for n in names])
         out.print(t)
     for note in dict.fromkeys(n for st in times.values() for n in st.notes):
         out.print(f"[dim]note: {note}[/]", highlight=False)
+    room = next((f["capacity_bytes"] for f in fitting.values() if f), None)
+    if room is not None:
+        failed = [f"{m} ({human_bytes(f['failed_request_bytes'])})" for m, f in fitting.items()
+                  if f and f["failed_request_bytes"] is not None]
+        out.print(f"[dim]note: fits in memory: the step replayed through the caching allocator with the "
+                  f"{human_bytes(room)} it has on {gpu.key} after the CUDA context; when full it releases its cache "
+                  f"and tries again; the percentage is reserved memory's share of that room"
+                  + (f"; the request that found no room: {', '.join(failed)}" if failed else "") + "[/]",
+                  highlight=False)
+
+
+def _fits(peak: int, fitting: dict | None, gpu) -> str:
+    if fitting is None:  # not replayed: the allocated peak against the GPU's memory
+        return ("yes" if peak <= gpu.memory_bytes else "[red]no[/]") + f" ({peak / gpu.memory_bytes:.0%})"
+    share = fitting["reserved_bytes"] / fitting["capacity_bytes"]
+    return "yes" + f" ({share:.0%})" if fitting["fits"] else "[red]no[/]"
 
 
 def _workload(e) -> str:

@@ -12,7 +12,9 @@ policy is written out here from ``c10/cuda/CUDACachingAllocator.cpp`` (native ba
   segments are 20 MiB for requests under 10 MiB and the request rounded up to 2 MiB otherwise;
 - the smallest cached block of the same pool and stream that fits is used (best fit, then lowest address);
 - the rest of a block is split off when it is at least 512 bytes (small pool) or more than 1 MiB (large pool);
-- a freed block merges with free neighbours of its segment.
+- a freed block merges with free neighbours of its segment;
+- when ``cudaMalloc`` fails (the device is full: ``capacity``), every segment whose blocks are all free goes back
+  to the driver and the request is tried again; if it still does not fit, the allocation fails (out of memory).
 
 tests/test_allocator_model.py holds this to real allocator snapshots: replaying their recorded allocations and
 frees, it opens the same segments, in the same order and of the same sizes, as the allocator did.
@@ -59,11 +61,21 @@ class _Block:
         return self.stream, self.size, self.address
 
 
+class OutOfMemory(Exception):
+    def __init__(self, requested: int, allocated: int, reserved: int, capacity: int):
+        self.requested, self.allocated, self.reserved, self.capacity = requested, allocated, reserved, capacity
+        super().__init__(f"a request of {requested} bytes does not fit: {allocated} allocated, {reserved} reserved "
+                         f"of {capacity}")
+
+
 class CachingAllocator:
     """Allocated and reserved bytes, now and at their peaks, of a stream of ``malloc(handle, bytes)`` and
-    ``free(handle)`` calls; ``segments`` lists every ``cudaMalloc`` in order."""
+    ``free(handle)`` calls; ``segments`` lists every ``cudaMalloc`` in order. ``capacity``: the bytes ``cudaMalloc``
+    can give (None: unbounded); ``released``, what was given back to make room."""
 
-    def __init__(self):
+    def __init__(self, capacity: int | None = None):
+        self.capacity = capacity
+        self.released = 0
         self._free: dict[bool, list[tuple[tuple[int, int, int], _Block]]] = {True: [], False: []}
         self._blocks: dict[object, _Block] = {}
         self._next_address = 0
@@ -81,6 +93,10 @@ class CachingAllocator:
             block = pool.pop(i)[1]
         else:
             segment = segment_size(size)
+            if self.capacity is not None and self.reserved + segment > self.capacity:
+                self._release_cached()
+                if self.reserved + segment > self.capacity:
+                    raise OutOfMemory(size, self.allocated, self.reserved, self.capacity)
             block = _Block(segment, self._next_address, small, stream)
             self._next_address += segment
             self.segments.append(segment)
@@ -117,6 +133,16 @@ class CachingAllocator:
             if nxt.next is not None:
                 nxt.next.prev = block
         self._cache(block)
+
+    def _release_cached(self) -> None:
+        """Every segment that is one free block goes back to the driver, as the allocator does when cudaMalloc fails
+        (``release_cached_blocks``)."""
+        for small, pool in self._free.items():
+            whole = [entry for entry in pool if entry[1].prev is None and entry[1].next is None]
+            for entry in whole:
+                self.reserved -= entry[1].size
+                self.released += entry[1].size
+            self._free[small] = [entry for entry in pool if not (entry[1].prev is None and entry[1].next is None)]
 
     def live(self, handle) -> bool:
         return handle in self._blocks

@@ -79,8 +79,8 @@ class Estimate:
     host: dict[str, int] = field(default_factory=dict)  # offloaded to pinned host memory, by category, bytes
     # Steps of the given lengths replayed through the caching allocator's policy, run when reserved memory is first
     # asked for (whole steps on meta, several times the estimate's own forward); None where it is not replayed.
-    replayer: Callable[[tuple[int, ...]], AllocatorReplay | None] | None = field(default=None, repr=False,
-                                                                                compare=False)
+    replayer: Callable[..., AllocatorReplay | None] | None = field(default=None, repr=False, compare=False)
+    _on_device: dict = field(default_factory=dict, repr=False, compare=False)  # capacity -> its replay
 
     @functools.cached_property
     def replay(self) -> AllocatorReplay | None:
@@ -124,6 +124,24 @@ class Estimate:
             return None
         return {"bytes": self.peak_bytes + self.growing_replay.overhead,
                 "lengths": list(growing_lengths(self.settings["seq_len"]))}
+
+    def on_device(self, device_bytes: int) -> dict | None:
+        """Whether the step fits a GPU of ``device_bytes``: the replay run again with the room the allocator has
+        there (the device less what lies outside it, ``outside_allocator``), where it releases its cache when full
+        and fails when that is not enough. None where the step is not replayed."""
+        if self.replay is None:
+            return None
+        outside = self.device_used()["outside_allocator"]
+        capacity = device_bytes - sum(outside.values())
+        replay = self._on_device.get(capacity)
+        if replay is None:
+            replay = self._on_device[capacity] = self.replayer(fixed_lengths(self.settings["seq_len"]), capacity)
+        if replay is None:
+            return None
+        fits = replay.failed_request is None and self.peak_bytes <= capacity
+        return {"device_bytes": device_bytes, "capacity_bytes": capacity, "fits": fits,
+                "reserved_bytes": min(self.peak_bytes + replay.overhead, capacity),
+                "failed_request_bytes": replay.failed_request}
 
     def device_used(self) -> dict | None:
         """CUDA targets: what nvidia-smi would show for this process: reserved memory plus what lies outside
@@ -712,7 +730,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
 
 
 def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, target: Target, notes: list[str],
-            sharding: ShardedStep | None, lengths: tuple[int, ...]) -> AllocatorReplay | None:
+            sharding: ShardedStep | None, lengths: tuple[int, ...], capacity: int | None = None
+            ) -> AllocatorReplay | None:
     """The step replayed through the caching allocator's policy (``predict.step_replay``), or None, with the
     reason in ``notes``, where an op of the model has no meta kernel for its backward."""
     double_quant = method.double_quant and bool(quantized)
@@ -721,7 +740,7 @@ def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, t
     compute = plan.quantization.bnb_4bit_compute_dtype if plan.quantization is not None else torch.bfloat16
     try:
         return replay_step(model, sizes, quantized, method, batch_size, lengths, target, plan.autocast, compute,
-                           sharding)
+                           sharding, capacity)
     except (RuntimeError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         notes.append(f"reserved memory from the measured reserved/allocated ratio: the step could not be replayed "

@@ -38,7 +38,7 @@ from profkit.core.methods import Method
 from profkit.core.quiet import library_output
 from profkit.model.build import decoder_layers
 from profkit.model.loss import loss_of_logits
-from profkit.predict.allocator import CachingAllocator
+from profkit.predict.allocator import CachingAllocator, OutOfMemory
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
 
 
@@ -58,6 +58,7 @@ class AllocatorReplay:
     peak_allocated: int  # the replayed stream's own allocated peak (rounded blocks)
     peak_reserved: int
     segments: int
+    failed_request: int | None = None  # with a capacity: the request that found no room (out of memory)
 
     @property
     def overhead(self) -> int:
@@ -66,7 +67,7 @@ class AllocatorReplay:
 
     def to_json(self) -> dict:
         return {"peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "segments": self.segments, "overhead": self.overhead}
+                "segments": self.segments, "overhead": self.overhead, "failed_request": self.failed_request}
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class _AllocationStream(TorchDispatchMode):
         self.allocator = allocator
         self._handles = 0
         self._live: set[int] = set()
+        self.out_of_memory: OutOfMemory | None = None
 
     def allocate(self, storage: torch.UntypedStorage, nbytes: int | None = None) -> None:
         key = storage._cdata
@@ -108,7 +110,11 @@ class _AllocationStream(TorchDispatchMode):
         self._handles += 1
         handle = self._handles
         self._live.add(key)
-        self.allocator.malloc(handle, storage.nbytes() if nbytes is None else nbytes)
+        try:
+            self.allocator.malloc(handle, storage.nbytes() if nbytes is None else nbytes)
+        except OutOfMemory as exc:
+            self.out_of_memory = exc  # autograd may re-raise it as another type on its way out of backward
+            raise
         weakref.finalize(storage, self._free, key, handle)
 
     def _free(self, key: int, handle: int) -> None:
@@ -123,7 +129,11 @@ class _AllocationStream(TorchDispatchMode):
         """A block the target allocates outside the meta step (FSDP's buffers): its handle, for ``release``."""
         self._handles += 1
         if nbytes:
-            self.allocator.malloc(self._handles, nbytes, stream)
+            try:
+                self.allocator.malloc(self._handles, nbytes, stream)
+            except OutOfMemory as exc:
+                self.out_of_memory = exc
+                raise
         return self._handles
 
     def release(self, handle: int) -> None:
@@ -254,27 +264,33 @@ def _optimizer(method: Method, parameters: list, target: Target):
 
 def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: set[str], method: Method,
                 batch_size: int, lengths: tuple[int, ...], target: Target, autocast: torch.dtype | None,
-                compute_dtype: torch.dtype, sharding: ShardedStep | None = None) -> AllocatorReplay:
+                compute_dtype: torch.dtype, sharding: ShardedStep | None = None,
+                capacity: int | None = None) -> AllocatorReplay:
     """Training steps of ``model`` (a meta model), one per sequence length in ``lengths``, with ``method``'s
     checkpointing, loss and optimizer;
     ``static_sizes``: each weight and buffer with the bytes it holds on the target (4-bit weights packed), in the
     order they are loaded; ``sharding``: FSDP's allocations on one rank, in place of the whole weights and the
-    optimizer's step on them."""
-    allocator = CachingAllocator()
+    optimizer's step on them; ``capacity``: what the device gives the allocator, past which it releases its cache
+    and then fails (the replay stops there, ``failed_request``)."""
+    allocator = CachingAllocator(capacity)
     stream = _AllocationStream(allocator)
     trainable = [p for p in model.parameters() if p.requires_grad]
     sharded = None
-    if sharding is None:
-        for tensor, nbytes in static_sizes:
-            stream.allocate(tensor.untyped_storage(), nbytes)
-        optimizer = _optimizer(method, trainable, target)
-    else:
-        for tensor, _ in static_sizes:
-            stream.ignore(tensor.untyped_storage())
-        for nbytes in sharding.shards:
-            stream.hold(nbytes)
-        optimizer = None
-        sharded = _ShardedAllocations(stream, model, sharding)
+    try:
+        if sharding is None:
+            for tensor, nbytes in static_sizes:
+                stream.allocate(tensor.untyped_storage(), nbytes)
+            optimizer = _optimizer(method, trainable, target)
+        else:
+            for tensor, _ in static_sizes:
+                stream.ignore(tensor.untyped_storage())
+            for nbytes in sharding.shards:
+                stream.hold(nbytes)
+            optimizer = None
+            sharded = _ShardedAllocations(stream, model, sharding)
+    except OutOfMemory as exc:  # the weights alone do not fit
+        return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments),
+                               exc.requested)
     hooks = _dequantizing(model, quantized, compute_dtype) + (sharded.handles if sharded else [])
     if method.gradient_checkpointing:
         # Non-reentrant, with the stand-ins active while a layer is recomputed in backward (they are a mode of
@@ -302,9 +318,15 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
                     optimizer.step()
                 for p in trainable:
                     p.grad = None
+    except Exception:
+        if stream.out_of_memory is None:
+            raise
     finally:
         for h in hooks:
             h.remove()
+        for p in trainable:
+            p.grad = None
         if method.gradient_checkpointing:
             model.activation_checkpointing_disable()
-    return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments))
+    failed = stream.out_of_memory.requested if stream.out_of_memory is not None else None
+    return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments), failed)
