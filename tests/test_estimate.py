@@ -252,6 +252,22 @@ def test_a_method_name_too_long_for_80_columns_is_numbered_not_cut():
     assert "parameters_quantized" in result.stdout  # the row labels whole too
 
 
+def test_more_methods_than_80_columns_hold_are_shown_in_tables_side_by_side():
+    """Seven methods on CUDA with --gpu: the memory and step-time tables split into several at 80 columns, each
+    method in one, every line within 80; JSON says for each, replayed or not, whether it fits the GPU."""
+    methods = ["lora", "lora_gc", "qlora", "qlora_gc", "full", "full_gc", "lora_zero2"]
+    args = ["estimate", *methods, "--preset", "micro", "--device", "cuda", "--gpu", "A100-SXM4-40GB"]
+    result = invoke(*args, env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert result.stdout.count("Predicted memory at each method's peak") >= 2
+    assert all(f" {m} " in result.stdout for m in methods)
+    shown = json.loads(invoke(*args, "--format", "json").stdout)
+    fits = {e["method"]: e["on_gpu"] for e in shown}
+    assert fits["lora"]["basis"] == "replay" and fits["lora_zero2"]["basis"] == "allocated peak"
+    assert all(f["fits"] and f["gpu"] == "A100-SXM4-40GB" for f in fits.values())
+
+
 def test_a_cuda_run_sets_each_predicted_peak_beside_its_own_counter():
     """On CUDA the breakdown's measured peak is reserved memory: the predicted allocated peak meets
     max_memory_allocated and the predicted reserved meets max_memory_reserved, not each other."""

@@ -77,10 +77,10 @@ def estimate(
 
     from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
-    fitting = {e.method: e.on_device(target.memory_bytes) for e in estimates} if target and device == "cuda" else {}
+    fitting = {e.method: _on_gpu(e, target) for e in estimates} if target else {}
     if fmt is Format.json:
         typer.echo(json.dumps([{**e.to_json(), **({"step_time": times[e.method].to_json()} if e.method in times else {}),
-                                **({"on_gpu": {"gpu": target.key, **fitting[e.method]}} if fitting.get(e.method) else {})}
+                                **({"on_gpu": fitting[e.method]} if e.method in fitting else {})}
                                for e in estimates], indent=2))
     elif fmt is Format.csv:
         typer.echo(frame(estimates).to_csv(index=False), nl=False)
@@ -137,11 +137,20 @@ def _method_labels(out: Console, methods: list[str]) -> dict[str, str]:
     return label
 
 
+def _on_gpu(e, gpu) -> dict:
+    """Whether the method's step fits ``gpu``: ``Estimate.on_device`` where the step is replayed (the allocator with
+    the room it has there), else its allocated peak against the GPU's memory."""
+    replayed = e.on_device(gpu.memory_bytes) if e.settings.get("device") == "cuda" else None
+    if replayed is not None:
+        return {"gpu": gpu.key, "basis": "replay", **replayed,
+                "share": replayed["reserved_bytes"] / replayed["capacity_bytes"]}
+    return {"gpu": gpu.key, "basis": "allocated peak", "device_bytes": gpu.memory_bytes,
+            "fits": e.peak_bytes <= gpu.memory_bytes, "share": e.peak_bytes / gpu.memory_bytes}
+
+
 def _print_times(times: dict, gpu, estimates, fitting: dict) -> None:
-    """The step time on ``gpu``; ``fitting``: each method's ``Estimate.on_device`` there (the allocator replayed with
-    the room it has; None where the step is not replayed, judged then by its allocated peak)."""
+    """The step time on ``gpu``; ``fitting``: each method's ``_on_gpu`` there."""
     out = Console()
-    peaks = {e.method: e.peak_bytes for e in estimates}
     categories = list(dict.fromkeys(c for st in times.values() for c in st.by_category))
     label = _method_labels(out, list(times))
     for names in labelled_chunks(list(times), label, out.width):
@@ -159,26 +168,21 @@ def _print_times(times: dict, gpu, estimates, fitting: dict) -> None:
         for c in categories:
             t.add_row(f"  {c}", *[f"{times[n].by_category.get(c, 0.0) * 1e3:,.2f} ms" for n in names])
         t.add_row("GFLOP per step", *[f"{times[n].flop / 1e9:,.1f}" for n in names])
-        t.add_row("fits in memory", *[_fits(peaks.get(n, 0), fitting.get(n), gpu) for n in names])
+        t.add_row("fits in memory", *[("yes" if fitting[n]["fits"] else "[red]no[/]")
+                                      + (f" ({fitting[n]['share']:.0%})" if fitting[n]["fits"]
+                                         or fitting[n]["basis"] != "replay" else "") for n in names])
         out.print(t)
     for note in dict.fromkeys(n for st in times.values() for n in st.notes):
         out.print(f"[dim]note: {note}[/]", highlight=False)
-    room = next((f["capacity_bytes"] for f in fitting.values() if f), None)
+    room = next((f["capacity_bytes"] for f in fitting.values() if f["basis"] == "replay"), None)
     if room is not None:
         failed = [f"{m} ({human_bytes(f['failed_request_bytes'])})" for m, f in fitting.items()
-                  if f and f["failed_request_bytes"] is not None]
+                  if f.get("failed_request_bytes") is not None]
         out.print(f"[dim]note: fits in memory: the step replayed through the caching allocator with the "
                   f"{human_bytes(room)} it has on {gpu.key} after the CUDA context; when full it releases its cache "
                   f"and tries again; the percentage is reserved memory's share of that room"
                   + (f"; the request that found no room: {', '.join(failed)}" if failed else "") + "[/]",
                   highlight=False)
-
-
-def _fits(peak: int, fitting: dict | None, gpu) -> str:
-    if fitting is None:  # not replayed: the allocated peak against the GPU's memory
-        return ("yes" if peak <= gpu.memory_bytes else "[red]no[/]") + f" ({peak / gpu.memory_bytes:.0%})"
-    share = fitting["reserved_bytes"] / fitting["capacity_bytes"]
-    return "yes" + f" ({share:.0%})" if fitting["fits"] else "[red]no[/]"
 
 
 def _workload(e) -> str:
@@ -204,10 +208,10 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
         for e in chunk:
             t.add_column(label[e.method], justify="right", no_wrap=True)
         for category, row in table.iterrows():
-            label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)", "nvidia_smi": "nvidia-smi (est.)",
-                     "reserved_lengths_grow": "reserved, lengths grow",
-                     "host_offloaded": "host (offloaded)"}.get(category, category)
-            t.add_row(label, *[human_bytes(row[e.method]) for e in chunk])
+            row_label = {"peak": "[bold]peak[/] (allocated)", "reserved": "reserved (est.)",
+                         "nvidia_smi": "nvidia-smi (est.)", "reserved_lengths_grow": "reserved, lengths grow",
+                         "host_offloaded": "host (offloaded)"}.get(category, category)
+            t.add_row(row_label, *[human_bytes(row[e.method]) for e in chunk])
         t.add_row("[dim]peak at[/]", *[f"[dim]{e.peak_instant}[/]" for e in chunk])
         out.print(t)
     for note in dict.fromkeys(n for e in estimates for n in e.notes):
