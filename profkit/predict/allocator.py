@@ -138,11 +138,15 @@ class CachingAllocator:
         """Every segment that is one free block goes back to the driver, as the allocator does when cudaMalloc fails
         (``release_cached_blocks``)."""
         for small, pool in self._free.items():
-            whole = [entry for entry in pool if entry[1].prev is None and entry[1].next is None]
-            for entry in whole:
-                self.reserved -= entry[1].size
-                self.released += entry[1].size
-            self._free[small] = [entry for entry in pool if not (entry[1].prev is None and entry[1].next is None)]
+            kept = []
+            for entry in pool:
+                block = entry[1]
+                if block.prev is None and block.next is None:  # one free block: the whole segment is free
+                    self.reserved -= block.size
+                    self.released += block.size
+                else:
+                    kept.append(entry)
+            self._free[small] = kept
 
     def live(self, handle) -> bool:
         return handle in self._blocks

@@ -104,7 +104,7 @@ class Estimate:
     def reserved(self) -> dict | None:
         """CUDA targets: what ``max_memory_reserved`` would show. Where the step was replayed through the caching
         allocator's policy (``predict.step_replay``), the allocated peak plus the reserve the replay found beyond
-        its own allocated peak; elsewhere (ZeRO, FSDP, generation, a step meta kernels cannot run) the allocated
+        its own allocated peak; elsewhere (ZeRO, generation, a step meta kernels cannot run) the allocated
         peak times the reserved/allocated ratios of real training steps (lowest, median, highest). None on CPU,
         which has no caching allocator."""
         if self.settings.get("device") != "cuda":

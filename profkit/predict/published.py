@@ -335,9 +335,8 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                 reserved = e.reserved()["bytes"]
                 if figure.varying and kind in ("reserved", "device") and e.reserved_if_lengths_grow():
                     reserved = e.reserved_if_lengths_grow()["bytes"]
-                predicted = (reserved if kind == "reserved" else
-                             e.device_used()["bytes"] - e.reserved()["bytes"] + reserved if kind == "device"
-                             else e.peak_bytes)
+                outside = sum(e.device_used()["outside_allocator"].values())
+                predicted = {"reserved": reserved, "device": reserved + outside}.get(kind, e.peak_bytes)
                 # What no run with these settings can go below: weights, and for training the gradients and the
                 # optimizer state at the step (counted exactly; a figure under it contradicts its stated settings).
                 last = e.instants[list(e.instants)[-1]]

@@ -227,7 +227,9 @@ class _ShardedAllocations:
     def _post_backward(self, i, module, grad_input, grad_output):
         self._reduce_scatter(self.sharding.layer_grads[i])
         self.done.append(module)
-        for layer in self.done:  # the unsharded gradients, freed once reduced
+        # the unsharded gradients, freed once reduced; the layers done before too, as autograd may accumulate a
+        # weight's gradient after its layer's hook ran
+        for layer in self.done:
             for p in layer.parameters():
                 p.grad = None
         self.stream.release(self.gathered.pop(i))
