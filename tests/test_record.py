@@ -64,7 +64,13 @@ def test_every_method_records(matrix, name):
         assert WORKER_PATTERN.match(trace_file), "TensorBoard's profiler plugin would not list this trace"
     memory = json.load(gzip.open(run / "memory.pt.trace.json.gz"))
     assert any(e.get("name") == "[memory]" for e in memory["traceEvents"]), "no memory events in the memory cycle"
-    assert json.load(gzip.open(run / "memory_timeline.raw.json.gz"))
+    export = run / "memory_timeline.raw.json.gz"
+    if not export.is_file():
+        # torch's deprecated export can assert (pytorch/pytorch#167838; one CI run in six this session, for
+        # full_zero3_gc, not reproduced in six reruns): the run stays complete and must say why the export is missing
+        assert manifest["timings"].get("memory_timeline_error"), "the export is missing and the run does not say why"
+    else:
+        assert json.load(gzip.open(export))
     assert not list(matrix.glob(f".{name}.partial-*")), "partial directory left behind"
 
 
