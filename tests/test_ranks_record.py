@@ -16,9 +16,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 from profkit import store
 from profkit.analyze import breakdown, ranks
+from profkit.core.settings import RunSettings
+from profkit.model.build import tokenizer_for
+from profkit.model.zero import zero_buffers
 from profkit.report import findings
 from tests.conftest import invoke, recorded, run_cli, terminal_session, torchrun, FAST
 
@@ -202,6 +207,48 @@ def test_the_estimate_at_world_size_two_matches_each_rank(zero_on_tiny, method):
 @pytest.mark.parametrize("method", ["lora_zero3", "qlora_zero2"])
 def test_the_estimate_at_world_size_two_matches_each_rank_on_micro(two_ranks_bd, method):
     _holds_per_rank(two_ranks_bd, method)
+
+
+# A Llama whose MLP weights, packed in 4 bits, hold more bytes than DeepSpeed's persistence threshold (1e5 elements)
+# and whose attention weights hold fewer: the presets' 4-bit weights all stay under it.
+OVER_THRESHOLD = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
+                      num_key_value_heads=4, vocab_size=4096, max_position_embeddings=256)
+
+
+@pytest.fixture(scope="session")
+def zero3_over_threshold(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("zero3-4bit")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(LlamaConfig(**OVER_THRESHOLD)).save_pretrained(root / "ckpt")
+    tokenizer_for(RunSettings(method="", preset="micro")).save_pretrained(root / "ckpt")
+    out = root / "traces"
+    result = run_cli("record", "qlora_zero3", "--nproc", "2", "--model", str(root / "ckpt"), *FAST[2:],
+                     "--batch-size", "2", "--seq-len", "64", "-o", str(out))
+    assert result.returncode == 0, recorded(result, out)
+    return out
+
+
+def test_zero3_partitions_4bit_weights_past_the_persistence_threshold(zero3_over_threshold):
+    """DeepSpeed partitions a 4-bit weight like any other parameter, by its packed storage: each rank holds half
+    of the MLP's packed weights and all of the attention's (under the threshold), the quantization state whole.
+    The estimate had kept every 4-bit weight whole (the presets' weights never reach the threshold)."""
+    bd = breakdown([zero3_over_threshold / "qlora_zero3-nproc2"])
+    assert set(bd.runs.status) == {"ok"}
+    for k in range(2):
+        p = bd.predicted[bd.predicted.run == f"qlora_zero3-nproc2/rank{k}"].set_index("category")
+        for category in ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state"):
+            assert p.loc[category, "predicted_bytes"] == p.loc[category, "measured_bytes"], (category, p)
+        record = json.loads((zero3_over_threshold / "qlora_zero3-nproc2" / f"rank{k}" / store.MANIFEST).read_text())
+        packed = sum(r["bytes"] for r in rows(record, "parameters_quantized") if r["detail"] == "nf4 weight")
+        hidden, mlp = OVER_THRESHOLD["hidden_size"], OVER_THRESHOLD["intermediate_size"]
+        kv = hidden // OVER_THRESHOLD["num_attention_heads"] * OVER_THRESHOLD["num_key_value_heads"]
+        threshold = zero_buffers(3)["param_persistence_threshold"]
+        # q, k, v, o, gate, up, down: two 4-bit values a byte; a rank holds half of those over the threshold
+        weights = [hidden * hidden // 2, hidden * kv // 2, hidden * kv // 2, hidden * hidden // 2] + \
+            [hidden * mlp // 2] * 3
+        assert min(weights) <= threshold < max(weights)
+        per_layer = sum(w // 2 if w > threshold else w for w in weights)
+        assert packed == OVER_THRESHOLD["num_hidden_layers"] * per_layer
 
 
 def _holds_per_rank(bd, method: str) -> None:

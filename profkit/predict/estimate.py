@@ -267,13 +267,16 @@ class SavedForBackward:
 
 
 def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
-                       gathered: set[int] = frozenset(), loss: str = "fp32") -> SavedForBackward:
+                       gathered: dict[int, int] | None = None, loss: str = "fp32") -> SavedForBackward:
     """One training forward on the meta device, the loss computed as ``loss`` computes it (profkit.model.loss);
     every saved tensor counted once per storage.
 
     ``gathered``: ids of parameters that ZeRO-3 gathers into a fresh buffer for each use and releases
-    after; when autograd saves one of those, the saved tensor is that buffer, so it counts like an activation.
+    after, with that buffer's bytes (a 4-bit weight's packed storage, not its meta stand-in's); when autograd saves
+    one of those, the saved tensor is that buffer, so it counts like an activation.
     """
+    gathered = gathered or {}
+    copies = {storage_id(t): gathered[id(t)] for t in model.parameters() if id(t) in gathered}
     static = {storage_id(t) for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
     seen: set[tuple[str, int]] = set()
     where = {"region": "before"}
@@ -293,7 +296,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
             return
         seen.add(key)
         held.append(t)
-        by_region[region] = by_region.get(region, 0) + storage.nbytes()
+        by_region[region] = by_region.get(region, 0) + copies.get(key, storage.nbytes())
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         count(t, where["region"])
@@ -345,6 +348,12 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     live_at_loss = sum(b for key, b in at_loss.items() if key not in seen)
     return SavedForBackward(by_region["before"], [by_region.get(n, 0) for n in layer_order],
                             sum(inputs.values()), by_region["after"], live_at_loss, loss_backward)
+
+
+def _zero3_storage_bytes(p: torch.Tensor, quantized: bool) -> int:
+    """The bytes of the storage DeepSpeed partitions for one parameter: a 4-bit weight's packed values (bitsandbytes'
+    uint8 storage, two values a byte), anything else whole."""
+    return (p.numel() + 1) // 2 if quantized else p.numel() * p.element_size()
 
 
 def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool = False) -> tuple[dict, dict, list]:
@@ -614,7 +623,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     detail: dict[str, int] = {}
     zero_persistent_grads = 0
     backward_temporaries = 0
-    gathered: set[int] = set()
+    gathered: dict[int, int] = {}  # ZeRO-3 on several ranks: id -> the fresh buffer each use gathers it into
+    partitioned_bytes: dict[str, int] = {}  # ZeRO-3: each owner's partitions on this rank
     zero3_linear_saves = False
     if method.zero_stage:
         buffers = zero_buffers(method.zero_stage, model, engine)
@@ -628,24 +638,29 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         if method.zero_stage == 3:
             zero_persistent_grads = bucket
             detail["zero3_reduce_bucket"] = bucket
-            # Stage 3 partitions every parameter above DeepSpeed's persistence threshold (small ones stay whole
-            # on every rank; 4-bit weights are not partitioned) and, on more than one rank, gathers it into a
-            # fresh buffer for each use: what ZeRO-3's linear saves of such a weight is that copy, held until
-            # backward. On one rank the partition is the whole weight, and nothing is copied.
+            # Stage 3 partitions every parameter whose storage holds more elements than DeepSpeed's persistence
+            # threshold (smaller ones stay whole on every rank) and, on more than one rank, gathers it into a fresh
+            # buffer for each use: what ZeRO-3's linear saves of such a weight is that copy, held until backward.
+            # A 4-bit weight is partitioned like any other by its packed storage (one byte per two values; its
+            # quantization state is no parameter and stays whole), and bitsandbytes' matmul saves the gathered
+            # packed weight for backward. On one rank the partition is the whole weight, and nothing is copied.
             threshold = buffers["param_persistence_threshold"]
             names = dict(model.named_parameters())
-            partitioned = {id(p) for n, p in names.items() if p.numel() > threshold and n not in quantized}
+            stored = {n: _zero3_storage_bytes(p, n in quantized) for n, p in names.items()}
+            partitioned = {n for n, p in names.items()
+                           if stored[n] // (1 if n in quantized else p.element_size()) > threshold}
             if world_size > 1:
-                gathered = partitioned
+                gathered = {id(names[n]): stored[n] for n in partitioned}
             zero3_linear_saves = bool(buffers["memory_efficient_linear"])
-            for key, owner in (("parameters_trainable", lambda n, p: p.requires_grad and n not in quantized),
-                               ("parameters_frozen", lambda n, p: not p.requires_grad and n not in quantized)):
-                big = sum(p.numel() * p.element_size() for n, p in names.items()
-                          if owner(n, p) and id(p) in partitioned)
-                parts[key] -= big - math.ceil(big / world_size)
+            shard_bytes = {n: stored[n] - math.ceil(stored[n] / world_size) for n in partitioned}
+            for key, owner in (("parameters_trainable", lambda n: names[n].requires_grad and n not in quantized),
+                               ("parameters_frozen", lambda n: not names[n].requires_grad and n not in quantized),
+                               ("parameters_quantized", lambda n: n in quantized)):
+                parts[key] -= sum(b for n, b in shard_bytes.items() if owner(n))
+                partitioned_bytes[key] = sum(math.ceil(stored[n] / world_size) for n in partitioned if owner(n))
             if world_size > 1:
-                per_layer = max((sum(p.numel() * p.element_size() for p in m.parameters())
-                                 for m in decoder_layers(model)), default=0)
+                by_id = {id(p): stored[n] for n, p in names.items()}
+                per_layer = max((sum(by_id[id(p)] for p in m.parameters()) for m in decoder_layers(model)), default=0)
                 # One layer gathered whole, plus DeepSpeed's prefetch bucket (elements, bf16).
                 in_flight = min(per_layer + buffers["prefetch_bucket_size"] * 2, sum(parts.values()) * world_size)
                 detail["zero3_gathered_parameters"] = in_flight
@@ -674,9 +689,11 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         optimizer_grads -= grads_partition
         optimizer_state, optimizer_temporaries = 0, 0
         if method.offload == "optimizer+params":
-            for key in ("parameters_trainable", "parameters_frozen"):
-                host[key] = parts[key]
-                parts[key] = 0
+            # The partitions live on the host; what stays whole on every rank (below the persistence threshold)
+            # and the 4-bit weights' quantization state stay on the device.
+            for key, moved in partitioned_bytes.items():
+                host[key] = moved
+                parts[key] -= moved
     if method.optimizer == "paged-adamw-8bit" and target == "cuda":
         notes.append("paged 8-bit AdamW: its state is in CUDA unified memory (cudaMallocManaged), outside PyTorch's "
                      "allocator: max_memory_allocated does not count it, nvidia-smi does until the driver pages it out")
