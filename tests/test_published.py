@@ -71,6 +71,11 @@ def test_stated_settings_become_the_method_and_assumptions_are_named():
     assert any("FSDP1 estimated as FSDP2" in a for a in fsdp.assumed)
     # run through accelerate: the Trainer's engine, whose FSDP also autocasts
     assert (fsdp.engine, zero.engine) == ("trainer", "loop")
+    offloaded = {stage: read_figure(_row(sharding=f"DeepSpeed ZeRO-{stage}", gpu_count="2",
+                                         offload="params+optimizer to CPU"), MODELS).method for stage in (2, 3)}
+    assert (offloaded[2].name, offloaded[2].offload) == ("lora_zero2", "optimizer")  # ZeRO-2 offloads no parameters
+    assert (offloaded[3].name, offloaded[3].offload) == ("lora_zero3", "optimizer+params")
+    assert "not modelled" in read_figure(_row(offload="activations"), MODELS).reason
 
 
 @pytest.mark.parametrize("stated, targets", [

@@ -108,7 +108,11 @@ def read_figure(r, models: dict) -> Figure:
     if fsdp and "hybrid" in sharding:
         return Figure(None, model, reason=f"{r.sharding}: hybrid sharding is not modelled")
     fsdp_offload = fsdp and "fsdp cpu offload" in offload
-    if offload not in ("", "none") and not fsdp_offload:
+    zero = re.search(r"zero-?(\d)", sharding)
+    # ZeRO-Offload: the optimizer (ZeRO-2 and 3), and with ZeRO-3 the parameters' partitions too
+    zero_offload = ("optimizer+params" if zero and zero.group(1) == "3" and "param" in offload else "optimizer") \
+        if zero and "optimizer" in offload else None
+    if offload not in ("", "none") and not fsdp_offload and not zero_offload:
         return Figure(None, model, reason=f"offload ({r.offload}) of this kind is not modelled")
     if not NUMBER.match(r.batch_size):
         return Figure(None, model, reason=f"batch size not stated ({r.batch_size or 'empty'})")
@@ -129,7 +133,6 @@ def read_figure(r, models: dict) -> Figure:
     else:
         return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
     gpus = int(float(r.gpu_count or 1))
-    zero = re.search(r"zero-?(\d)", sharding)
     if fsdp and "fsdp2" not in sharding.replace(" ", ""):
         # FSDP1 flattens each unit's parameters into one buffer and shards that: the same bytes per rank as
         # FSDP2's per-parameter shards up to padding, and the same units gathered.
@@ -179,6 +182,8 @@ def read_figure(r, models: dict) -> Figure:
     name = r.method + ("_gc" if checkpointing in ("true", "full") else "")
     if zero:
         name = f"{r.method}_zero{zero.group(1)}" + ("_gc" if name.endswith("_gc") else "")
+        if zero_offload:
+            settings["offload"] = zero_offload
     if fsdp:
         name = f"{r.method}_fsdp" + ("_gc" if name.endswith("_gc") else "")
         if "shard_grad_op" in sharding:
