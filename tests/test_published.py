@@ -46,7 +46,7 @@ def test_a_figure_whose_settings_are_not_stated_is_kept_with_its_reason(changes,
     ("<=512 (Alpaca2k, truncated)", 512, True), ("<=768 (truncation, padded per batch)", 768, True),
     ("1024 (max_length truncation; dataset mean 3234 tokens)", 1024, True),
     ("4096 max (alpaca, not packed; padded per batch)", 4096, True), ("2048 (packing True)", 2048, False),
-    ("2048 (packed)", 2048, False), ("512", 512, False)])
+    ("2048 (packed)", 2048, False), ("512", 512, False), ("64 (max_length, padded)", 64, False)])
 def test_a_length_capped_by_truncation_is_read_as_varying_up_to_the_cap(seq_len, length, varying):
     """Batches padded to their longest sample, truncated at a cap, peak at the cap, and their reserved memory is
     the estimate's for lengths that grow to it; packed or fixed lengths are one length."""

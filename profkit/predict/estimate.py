@@ -623,6 +623,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     detail: dict[str, int] = {}
     zero_persistent_grads = 0
     backward_temporaries = 0
+    forward_temporaries = 0  # ZeRO-3: the parameters gathered in flight, in forward as in backward
     gathered: dict[int, int] = {}  # ZeRO-3 on several ranks: id -> the fresh buffer each use gathers it into
     partitioned_bytes: dict[str, int] = {}  # ZeRO-3: each owner's partitions on this rank
     zero3_linear_saves = False
@@ -665,6 +666,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                 in_flight = min(per_layer + buffers["prefetch_bucket_size"] * 2, sum(parts.values()) * world_size)
                 detail["zero3_gathered_parameters"] = in_flight
                 backward_temporaries += in_flight
+                forward_temporaries = in_flight
         else:
             detail["zero2_reduce_bucket"] = bucket
             backward_temporaries += bucket
@@ -723,7 +725,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     static = {**parts, "optimizer_state": optimizer_state}
     instants = {
         "forward": {**static, "gradients": zero_persistent_grads, "activations": forward_activations,
-                    "temporaries": 0},
+                    "temporaries": forward_temporaries},
         "backward": {**static, "gradients": zero_persistent_grads, "activations": backward_activations,
                      "temporaries": logits_grad + backward_temporaries},
         "optimizer": {**static, "gradients": optimizer_grads, "activations": 0,

@@ -59,7 +59,8 @@ def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
 # Its rows quote each source's own words for a setting; a figure is estimated only where every setting the estimate
 # needs is stated, and otherwise kept with the reason it is not (the settings a figure lacks are never guessed).
 
-NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length)\))?\s*$", re.I)
+# A fixed length: as stated, packed, or every sample padded to it ("64 (max_length, padded)").
+NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length|max_length, padded)\))?\s*$", re.I)
 # Batches padded to their longest sample, truncated at a cap: "<=768 (truncation, ...)", "<=512 (..., truncated)",
 # "1024 (max_length truncation; dataset mean ...)", "4096 max (alpaca, not packed; padded per batch)".
 CAPPED = re.compile(r"^\s*(?:<=\s*(\d+)\b.*truncat|(\d+)\s*\(max_length truncation|(\d+)\s+max\b.*padded per batch)",
