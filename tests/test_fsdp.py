@@ -201,6 +201,22 @@ def test_offload_moves_state_to_the_host_and_says_how_much(method):
     assert moved.peak_bytes < kept.peak_bytes
 
 
+def test_zero3_partitions_4bit_weights_and_offload_moves_them_to_the_host():
+    """A 7B-shaped Llama (two layers: the same weight shapes, far above DeepSpeed's persistence threshold): ZeRO-3
+    on 4 ranks holds a quarter of each packed 4-bit weight and all of its quantization state; offloading parameters
+    moves those quarters to the host, and the quantization state stays."""
+    config = AutoConfig.for_model("llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=2,
+                                  num_attention_heads=32, vocab_size=32000)
+    whole = estimate(get_method("qlora_zero3_gc"), config, 1, 256, 1).instants["optimizer"]["parameters_quantized"]
+    packed = 2 * (4 * 4096 * 4096 + 3 * 4096 * 11008) // 2  # two values a byte
+    state = whole - packed
+    shared = estimate(get_method("qlora_zero3_gc"), config, 1, 256, 4)
+    assert shared.instants["optimizer"]["parameters_quantized"] == packed // 4 + state
+    moved = estimate(with_overrides(get_method("qlora_zero3_gc"), offload="optimizer+params"), config, 1, 256, 4)
+    assert moved.instants["optimizer"]["parameters_quantized"] == state
+    assert moved.host["parameters_quantized"] == packed // 4
+
+
 def test_the_trainers_fsdp_is_estimated_with_accelerates_autocast():
     """Through the Trainer (--engine trainer), accelerate runs autocast beside FSDP's mixed precision; profkit's loop
     does not. The estimate says which it took. On a LayerNorm model autocast's fp32 norms make the activations
