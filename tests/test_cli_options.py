@@ -34,7 +34,8 @@ def parsed(monkeypatch):
 SETTINGS_TO_TRY = [
     RunSettings(method="lora"),
     RunSettings(method="infer_int4", preset="micro", device="cpu", batch_size=3, seq_len=24, max_new_tokens=5,
-                warmup_steps=0, timed_steps=1, profiled_steps=3),
+                warmup_steps=0, timed_steps=1, profiled_steps=3,
+                overrides={"prefill_logits": "all-fp32", "kv_cache": "tuples"}),
     RunSettings(method="qlora_zero3", engine="trainer", nproc=2, repeats=3,
                 overrides={"lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.1, "lora_targets": "q_proj,v_proj",
                            "quant_type": "fp4", "double_quant": False, "precision": "bf16-mixed",

@@ -11,8 +11,9 @@ from transformers import AutoConfig
 
 from profkit import store
 from profkit.analyze import breakdown
+from profkit.core.methods import get_method, with_overrides
 from profkit.core.presets import get_preset
-from profkit.predict.estimate import kv_cache_bytes
+from profkit.predict.estimate import estimate, kv_cache_bytes
 from tests.conftest import invoke, recorded, run_cli
 
 
@@ -119,3 +120,37 @@ def test_quantized_inference_finding(matrix):
                         bd.memory.category.str.startswith("parameters")].bytes.sum()
     expected = int(weights // (row.kv_cache_bytes / row.kv_cache_tokens)) + 1
     assert f"beyond {expected:,} positions" in sentence
+
+
+@pytest.mark.parametrize("family", [
+    dict(model_type="llama", hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+         num_key_value_heads=2, vocab_size=4096),
+    dict(model_type="gpt_bigcode", n_embd=64, n_inner=192, n_layer=2, n_head=4, multi_query=True, vocab_size=4096,
+         n_positions=256, bos_token_id=0, eos_token_id=0),
+], ids=lambda f: f["model_type"])
+def test_generate_as_older_transformers_ran_it(family):
+    """transformers before 4.36 returned new cache tuples from each pass while the previous pass's lived: the last
+    pass holds the previous cache beside the new one. Before 4.45 the prompt pass computed every position's logits
+    (Llama-family models upcast them to fp32 in the forward): the prompt pass holds them."""
+    spec = dict(family)
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    batch, prompt, new = 2, 48, 7
+
+    def run(**overrides):
+        return estimate(with_overrides(get_method("infer_fp16"), **overrides), config, batch, prompt, 1, "cuda",
+                        new_tokens=new).instants
+
+    today, tuples = run(), run(kv_cache="tuples")
+    previous = kv_cache_bytes(config, batch, prompt + new - 2, 2)
+    assert tuples["decode"]["activations"] - today["decode"]["activations"] == previous
+    assert tuples["prefill"] == today["prefill"]
+    logits = batch * prompt * 4096
+    for form, itemsize in (("all", 2), ("all-fp32", 2 + 4)):
+        prefill = run(prefill_logits=form)["prefill"]["activations"]
+        assert logits * itemsize <= prefill <= logits * itemsize + today["prefill"]["activations"], form
+
+
+def test_the_older_generate_forms_are_estimated_not_recorded(tmp_path):
+    result = run_cli("record", "infer_fp16", "--kv-cache", "tuples", "--preset", "micro", "--device", "cpu",
+                     "-o", str(tmp_path))
+    assert result.returncode == 3 and "estimated (profkit estimate), not recorded" in result.stdout + result.stderr

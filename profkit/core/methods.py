@@ -18,6 +18,9 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
 ATTENTIONS = ("sdpa", "flash", "eager")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 LOSSES = ("fp32", "fp32-shifted", "logits-dtype")  # profkit.model.loss says what each computes
+# generate() as transformers versions run it (profkit.predict.estimate says what each holds)
+PREFILL_LOGITS = ("last", "all", "all-fp32")
+KV_CACHES = ("dynamic", "tuples")
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
 
 
@@ -52,6 +55,11 @@ class Method:
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     # The causal-LM loss as transformers 5 computes it, or as transformers 4 did (profkit.model.loss).
     loss: Literal["fp32", "fp32-shifted", "logits-dtype"] = "fp32"
+    # generate(): the prompt pass computes logits at the last position only (transformers >= 4.45), or at every
+    # position (before; Llama-family models also upcast them to fp32 in their forward: all-fp32); the KV cache is
+    # updated in place layer by layer (>= 4.36), or each pass returns new tuples while the previous pass's live.
+    prefill_logits: Literal["last", "all", "all-fp32"] = "last"
+    kv_cache: Literal["dynamic", "tuples"] = "dynamic"
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -73,6 +81,9 @@ class Method:
             for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
                         "loss"):
                 out.pop(key, None)
+        else:
+            out.pop("prefill_logits")
+            out.pop("kv_cache")
         if not self.variant:
             out.pop("variant")
         return out
@@ -102,7 +113,7 @@ class Setting:
     methods it makes sense for, and how its value appears in a run's name."""
 
     field: str
-    applies: Literal["lora", "quantized", "train", "sharded", "fsdp", "any"]
+    applies: Literal["lora", "quantized", "train", "infer", "sharded", "fsdp", "any"]
     label: Callable[[Any], str]
     option: CommandOption
 
@@ -146,6 +157,13 @@ SETTINGS: dict[str, Setting] = {
                      ">= 4.49: an fp32 copy of the logits), fp32-shifted (4.46-4.48: and a shifted copy of that), "
                      "logits-dtype (a model's own loss before 4.49, GPT-2 and GPTBigCode among them: a shifted copy "
                      "in the logits' dtype).", str, LOSSES),
+    "prefill_logits": _setting("prefill_logits", "infer", lambda v: f"logits-{v}", "--prefill-logits",
+                               "generate()'s prompt pass: logits at the last position (transformers >= 4.45), or "
+                               "at every position (all; all-fp32: upcast in the forward, as Llama-family models did "
+                               "before 4.45). Estimated, not recorded.", str, PREFILL_LOGITS),
+    "kv_cache": _setting("kv_cache", "infer", lambda v: f"cache-{v}", "--kv-cache", "generate()'s KV cache: "
+                         "updated in place (dynamic, transformers >= 4.36), or new tuples each pass while the "
+                         "previous pass's live (tuples, before). Estimated, not recorded.", str, KV_CACHES),
 }
 
 
@@ -169,6 +187,9 @@ def with_overrides(method: Method, **overrides) -> Method:
                                 "its weights in the model dtype")
         if (applies == "train" or option == "kbit_upcast") and method.kind != "train":
             raise OverrideError(f"{flag} applies to training methods; {method.name} is inference")
+        if applies == "infer" and method.kind != "infer":
+            raise OverrideError(f"{flag} applies to generation methods (infer_fp16, infer_int4); {method.name} "
+                                "trains")
         if applies == "sharded" and not method.sharded:
             raise OverrideError(f"{flag} applies to sharded methods (ZeRO, FSDP); {method.name} shards nothing")
         if applies == "fsdp" and not method.fsdp:

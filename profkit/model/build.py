@@ -407,6 +407,10 @@ def _check_cpu_4bit_inference(model, device: str) -> None:
 
 def setting_unsupported(method: Method, device: str) -> str | None:
     """Why a command-line setting cannot run here, checked before any training."""
+    if method.kind == "infer" and (method.prefill_logits != "last" or method.kv_cache != "dynamic"):
+        return ("--prefill-logits and --kv-cache describe how transformers before 4.45 and 4.36 ran generate(); the "
+                "installed transformers runs it one way, so these settings are estimated (profkit estimate), not "
+                "recorded")
     if method.offload != "none" and device == "cpu":
         return "--offload moves state from the GPU to host memory; on CPU everything is in host memory already"
     if method.attention == "flash" and device == "cuda":

@@ -51,6 +51,7 @@ from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
+from profkit.core.units import human_bytes
 from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
 from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
@@ -810,18 +811,27 @@ def _cache_tensors(cache) -> list[torch.Tensor]:
     return [t for layer in cache.layers for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor)]
 
 
-def _generate_pass(model, input_ids, cache, target: Target, autocast, static: list[torch.Tensor]):
-    """One forward pass as generate() makes it (the last position's logits only, then its fp32 copy and the
-    min-new-tokens processor's copy), under a live-storage tracker. Returns the tracker and the cache."""
+def _generate_pass(model, input_ids, cache, target: Target, autocast, static: list[torch.Tensor],
+                   method: Method):
+    """One forward pass as generate() makes it, under a live-storage tracker: the logits ``method.prefill_logits``
+    says (the last position's; or every position's, in the model's dtype or upcast to fp32 in the forward), then
+    the last position's fp32 copy and the min-new-tokens processor's copy. Under ``kv_cache`` "tuples" the cache the
+    pass was given stays alive beside the one it returns, as transformers' tuples were until the pass ended. Returns
+    the tracker and the cache."""
     cache = cache if cache is not None else DynamicCache(config=model.config)
+    previous = _cache_tensors(cache) if method.kv_cache == "tuples" else []
     with torch.inference_mode(), _LiveStorages(static, [input_ids, *_cache_tensors(cache)]) as live, \
             TargetDevice(target, autocast):
-        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        scores = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+        out = model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                    logits_to_keep=1 if method.prefill_logits == "last" else 0)  # 0: every position
+        cache, logits = out.past_key_values, out.logits
+        del out
+        if method.prefill_logits == "all-fp32":
+            logits = logits.float()  # the model's own upcast: only the fp32 logits stay referenced
+        scores = logits[:, -1, :].to(copy=True, dtype=torch.float32)
         processed = torch.where(torch.zeros_like(scores, dtype=torch.bool), -math.inf, scores)
         processed.argmax(dim=-1)
-        cache = out.past_key_values
-        del out, scores, processed
+        del logits, scores, processed, previous
     return live, cache
 
 
@@ -848,7 +858,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
 
     with contiguous_batches():
         live, cache = _generate_pass(model, torch.zeros(batch_size, prompt, dtype=torch.long, device="meta"),
-                                     None, target, plan.autocast, static)
+                                     None, target, plan.autocast, static, method)
         prefill = instant(live, storage_bytes(_cache_tensors(cache)))
         kv_dtype = _cache_tensors(cache)[0].dtype
         decode = None
@@ -857,7 +867,7 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
             # and values lengthened on the meta device (a forward pass to build it would cost as much as the rest).
             cache = _lengthened(cache, prompt + new_tokens - 2)
             live, cache = _generate_pass(model, torch.zeros(batch_size, 1, dtype=torch.long, device="meta"),
-                                         cache, target, plan.autocast, static)
+                                         cache, target, plan.autocast, static, method)
             decode = instant(live, storage_bytes(_cache_tensors(cache)))
     element = torch.empty((), dtype=kv_dtype).element_size()
     kv_final = kv_cache_bytes(config, batch_size, prompt + new_tokens - 1, element)
@@ -865,6 +875,9 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
     if decode is not None and decode["kv_cache"] != kv_final:
         notes.append(f"the simulated cache holds {decode['kv_cache']:,} bytes, the configuration's formula "
                      f"{kv_final:,}: this model's cache is not one key and value per layer and position")
+    notes.append(_generate_note(method, batch_size * prompt * model.get_output_embeddings().weight.shape[0],
+                                plan.load_dtype.itemsize, kv_cache_bytes(config, batch_size, prompt + new_tokens - 2,
+                                                                         element) if new_tokens > 1 else 0))
     if cpu_packed:
         notes.append("CPU target with AVX512-BF16: bitsandbytes repacks each 4-bit layer at its first inference pass "
                      "(bf16 absmax per block, no nested quantization state)")
@@ -885,6 +898,28 @@ def _estimate_inference(method: Method, config, batch_size: int, prompt: int, ne
                 "device": target, "model": model_name, "precision": plan.precision, "method": method.settings(),
                 "kv_cache_dtype": str(kv_dtype).removeprefix("torch.")}
     return Estimate(method.label, settings, instants, params, detail, notes)
+
+
+def _generate_note(method: Method, prompt_logits: int, itemsize: int, previous_cache: int) -> str:
+    """Which of transformers' ways of running generate() the estimate took, and what the others hold
+    (``prompt_logits``: elements of every prompt position's logits; ``previous_cache``: the cache's bytes before the
+    last pass)."""
+    every = {"all": prompt_logits * itemsize, "all-fp32": prompt_logits * (itemsize + 4)}
+    logits = {"last": "the prompt pass computes logits at its last position only (--prefill-logits last, "
+                      "transformers >= 4.45)",
+              "all": "the prompt pass computes logits at every position, in the model's dtype (--prefill-logits all)",
+              "all-fp32": "the prompt pass computes logits at every position and upcasts them to fp32 in the forward "
+                          "(--prefill-logits all-fp32, Llama-family models before transformers 4.45)"}[method.prefill_logits]
+    if method.prefill_logits == "last":
+        logits += (f"; before 4.45 every position's, {human_bytes(every['all'])} more at the prompt pass "
+                   f"({human_bytes(every['all-fp32'])} where the model upcast them to fp32)")
+    cache = ("the KV cache is updated in place, layer by layer (--kv-cache dynamic, transformers >= 4.36)"
+             if method.kv_cache == "dynamic" else
+             "each pass returns new key and value tuples while the previous pass's stay alive until it ends "
+             "(--kv-cache tuples, transformers before 4.36)")
+    if method.kv_cache == "dynamic" and previous_cache:
+        cache += f"; before 4.36 the previous pass's tuples, {human_bytes(previous_cache)}, were alive beside them"
+    return f"generate(): {logits}; {cache}"
 
 
 def _lengthened(cache, positions: int):
