@@ -3,6 +3,7 @@ not stated is never guessed); and the used split's comparison holds its figures.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,9 @@ import pytest
 from transformers import AutoConfig
 
 from profkit.model.build import sequence_limit
-from profkit.predict.published import COUNTERS, compare_wide, read_figure, within_positions
+from profkit.predict.estimate import estimate
+from profkit.predict.published import (COUNTERS, compare_wide, config_of, generate_of_version, read_figure,
+                                       within_positions)
 
 DATA = Path(__file__).parent / "data" / "published"
 MODELS = {"Llama 2 7B": {"config": {}, "names": ["Llama-2-7b"]}, "Qwen (v1)": {"unsupported": "custom code"}}
@@ -36,6 +39,7 @@ def _row(**changes):
     ({"optimizer": "AdamW (optimizer_in_bwd)"}, "inside backward"),
     ({"method": "qlora", "quant_type": "4-bit (type not stated)"}, "4-bit type"),
     ({"offload": "activations"}, "offload"),
+    ({"quant_type": "int8 (bnb LLM.int8, load_in_8bit: true)"}, "LoRA over int8 base weights: not modelled"),
 ])
 def test_a_figure_whose_settings_are_not_stated_is_kept_with_its_reason(changes, reason):
     figure = read_figure(_row(**changes), MODELS)
@@ -146,3 +150,41 @@ def test_a_stated_k_bit_preparation_without_the_fp32_cast_is_read():
     assert read_figure(_row(**row), MODELS).method.kbit_upcast
     plugin = read_figure(_row(**row, kbit_upcast="False (the plugin's own preparation)"), MODELS).method
     assert not plugin.kbit_upcast and "no-upcast" in plugin.label
+
+
+@pytest.mark.parametrize("version, model_type, forms", [
+    ("4.38.2", "qwen2", {"prefill_logits": "all-fp32"}),
+    ("4.32", "llama", {"prefill_logits": "all-fp32", "kv_cache": "tuples"}),
+    ("4.32", "gpt_bigcode", {"prefill_logits": "all", "kv_cache": "tuples"}),
+    ("4.46.0", "qwen2", {}), ("", "llama", {})])
+def test_generate_is_read_as_the_stated_transformers_ran_it(version, model_type, forms):
+    assert generate_of_version(version, model_type) == forms
+    row = _row(kind="infer", method="infer_fp16", seq_len="512", max_new_tokens="512", transformers=version,
+               model="Llama-2-7b")
+    figure = read_figure(row, {"Llama 2 7B": {"config": {"model_type": model_type}, "names": ["Llama-2-7b"]}})
+    assert (figure.method.prefill_logits, figure.method.kv_cache) == (forms.get("prefill_logits", "last"),
+                                                                      forms.get("kv_cache", "dynamic"))
+    assert any("generate() as transformers" in a for a in figure.assumed) == bool(forms)
+
+
+def test_a_loss_the_sources_own_code_computes_is_taken_and_named():
+    figure = read_figure(_row(loss="logits-dtype", transformers="4.49.0"), MODELS)
+    assert figure.method.loss == "logits-dtype" and any("source's own code" in a for a in figure.assumed)
+    assert read_figure(_row(transformers="4.49.0"), MODELS).method.loss == "fp32"
+
+
+def test_allocated_plus_what_lies_outside_the_allocator_is_compared_as_such(tmp_path):
+    """optimum's benchmark adds what nvidia-smi shows beyond the reserved peak (the CUDA context) to the allocated
+    peak: the same figure read with that counter is estimated higher by exactly the estimate's outside-allocator
+    bytes."""
+    rows = pd.DataFrame([_row(kind="infer", method="infer_fp16", seq_len="8", max_new_tokens="2", counter=c)
+                         for c in ("max_memory_allocated", "max_memory_allocated + non-PyTorch memory")])
+    rows.to_csv(tmp_path / "wide.csv", index=False)
+    (tmp_path / "models.json").write_text((DATA / "models.json").read_text())
+    table = compare_wide(tmp_path / "wide.csv")
+    allocated, outside = table.estimated_bytes
+    models = json.loads((DATA / "models.json").read_text())
+    figure = read_figure(rows.iloc[1], models)
+    e = estimate(figure.method, config_of(models[figure.model]), figure.batch_size, figure.seq_len,
+                 new_tokens=figure.new_tokens)
+    assert outside - allocated == sum(e.device_used()["outside_allocator"].values()) > 0

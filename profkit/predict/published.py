@@ -72,7 +72,9 @@ LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "proj
               "output(lm head)": ["lm_head"]}
 MODEL_PARALLEL = re.compile(r"sequential|tensor|\btp\s*x?\d|\bpp\s*x?\d|context parallel|\bcp\b|sequence")
 COUNTERS = {"max_memory_allocated": "allocated", "active_bytes_peak": "allocated", "max_memory_reserved": "reserved",
-            "nvidia-smi": "device", "unknown": "allocated"}
+            "nvidia-smi": "device", "unknown": "allocated",
+            # optimum's benchmark: the allocated peak plus what nvidia-smi shows beyond the reserved peak
+            "max_memory_allocated + non-PyTorch memory": "allocated+outside"}
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,12 @@ def read_figure(r, models: dict) -> Figure:
         new = re.match(r"\s*(\d+)", r.max_new_tokens)
         if not new:
             return Figure(None, model, reason="new tokens not stated")
+        forms = generate_of_version(getattr(r, "transformers", ""),
+                                    models[model].get("config", {}).get("model_type", ""))
+        if forms:
+            overrides.update(forms)
+            assumed.append(f"generate() as transformers {r.transformers} ran it ("
+                           + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
         return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
                       1, int(new.group(1)), assumed=tuple(assumed))
     if r.method not in ("full", "lora", "qlora"):
@@ -191,6 +199,8 @@ def read_figure(r, models: dict) -> Figure:
             settings["reshard_after_forward"] = False
         if fsdp_offload:
             settings["offload"] = "optimizer+params"
+    if r.method == "lora" and r.quant_type.strip():  # LoRA over 8-bit (LLM.int8) weights, for one
+        return Figure(None, model, reason=f"LoRA over {r.quant_type.split(' (')[0]} base weights: not modelled")
     if r.method != "full":
         if not NUMBER.match(r.lora_r) or not _stated(r.lora_targets):
             return Figure(None, model, reason="LoRA rank or targets not stated")
@@ -207,11 +217,15 @@ def read_figure(r, models: dict) -> Figure:
     config = models[model].get("config", {})
     if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
         return Figure(None, model, reason=MOE_4BIT)
-    try:
-        settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
-    except NotModelled as exc:
-        return Figure(None, model, reason=str(exc))
-    if settings["loss"] != "fp32":
+    if getattr(r, "loss", ""):  # the source's own code computes the loss (a trainer that takes the logits)
+        settings["loss"] = r.loss
+        assumed.append(f"the loss as the source's own code computes it (--loss {r.loss})")
+    else:
+        try:
+            settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
+        except NotModelled as exc:
+            return Figure(None, model, reason=str(exc))
+    if settings["loss"] != "fp32" and not getattr(r, "loss", ""):
         assumed.append(f"the loss as transformers {r.transformers} computed it for {config['model_type']} "
                        f"(--loss {settings['loss']})")
     try:
@@ -271,6 +285,20 @@ FP32_SHIFTED_4_46 = frozenset(
     "nemotron olmo olmo2 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe stablelm starcoder2 zamba granitemoe "
     "gpt_neo".split())
 LOGITS_DTYPE_BEFORE_4_49 = frozenset({"gpt_bigcode", "opt", "bloom", "falcon", "gpt_neox"})
+
+
+def generate_of_version(version: str, model_type: str) -> dict[str, str]:
+    """How the source's transformers ran generate(), where it differs from today's (``Method.prefill_logits`` and
+    ``kv_cache``): before 4.45 the prompt pass computed every position's logits, which the Llama family (the models
+    4.46 gave ``ForCausalLMLoss``, the upcast moving into it) upcast to fp32 in its forward; before 4.36 each pass
+    returned new key and value tuples. No version stated: today's (the estimate names it)."""
+    stated = _version(version)
+    forms: dict[str, str] = {}
+    if stated is not None and stated < (4, 45):
+        forms["prefill_logits"] = "all-fp32" if model_type in FP32_SHIFTED_4_46 else "all"
+    if stated is not None and stated < (4, 36):
+        forms["kv_cache"] = "tuples"
+    return forms
 
 
 def loss_of_version(version: str, model_type: str) -> str:
@@ -342,7 +370,8 @@ def compare_wide(table: Path, models: Path | None = None, split: str | None = No
                 if figure.varying and kind in ("reserved", "device") and e.reserved_if_lengths_grow():
                     reserved = e.reserved_if_lengths_grow()["bytes"]
                 outside = sum(e.device_used()["outside_allocator"].values())
-                predicted = {"reserved": reserved, "device": reserved + outside}.get(kind, e.peak_bytes)
+                predicted = {"reserved": reserved, "device": reserved + outside,
+                             "allocated+outside": e.peak_bytes + outside}.get(kind, e.peak_bytes)
                 # What no run with these settings can go below: weights, and for training the gradients and the
                 # optimizer state at the step (counted exactly; a figure under it contradicts its stated settings).
                 last = e.instants[list(e.instants)[-1]]
