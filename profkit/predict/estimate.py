@@ -311,6 +311,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
             for t in (value if isinstance(value, (tuple, list)) else (value,)):
                 if isinstance(t, torch.Tensor) and storage_id(t) not in static:
                     inputs.setdefault(storage_id(t), t.untyped_storage().nbytes())
+                    held.append(t)  # its address stays taken, as the counted tensors' do
 
     def leave(module, args, kwargs, output):
         where["region"] = "after"
