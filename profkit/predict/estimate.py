@@ -910,7 +910,8 @@ def _generate_note(method: Method, prompt_logits: int, itemsize: int, previous_c
                       "transformers >= 4.45)",
               "all": "the prompt pass computes logits at every position, in the model's dtype (--prefill-logits all)",
               "all-fp32": "the prompt pass computes logits at every position and upcasts them to fp32 in the forward "
-                          "(--prefill-logits all-fp32, Llama-family models before transformers 4.45)"}[method.prefill_logits]
+                          "(--prefill-logits all-fp32, Llama-family models before transformers 4.45)"}
+    logits = logits[method.prefill_logits]
     if method.prefill_logits == "last":
         logits += (f"; before 4.45 every position's, {human_bytes(every['all'])} more at the prompt pass "
                    f"({human_bytes(every['all-fp32'])} where the model upcast them to fp32)")

@@ -112,9 +112,9 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=f"{r.sharding}: hybrid sharding is not modelled")
     fsdp_offload = fsdp and "fsdp cpu offload" in offload
     zero = re.search(r"zero-?(\d)", sharding)
-    # ZeRO-Offload: the optimizer (ZeRO-2 and 3), and with ZeRO-3 the parameters' partitions too
-    zero_offload = ("optimizer+params" if zero and zero.group(1) == "3" and "param" in offload else "optimizer") \
-        if zero and "optimizer" in offload else None
+    zero_offload = None  # ZeRO-Offload: the optimizer (ZeRO-2 and 3), and with ZeRO-3 the parameters' partitions too
+    if zero and "optimizer" in offload:
+        zero_offload = "optimizer+params" if zero.group(1) == "3" and "param" in offload else "optimizer"
     if offload not in ("", "none") and not fsdp_offload and not zero_offload:
         return Figure(None, model, reason=f"offload ({r.offload}) of this kind is not modelled")
     if not NUMBER.match(r.batch_size):
@@ -217,17 +217,18 @@ def read_figure(r, models: dict) -> Figure:
     config = models[model].get("config", {})
     if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
         return Figure(None, model, reason=MOE_4BIT)
-    if getattr(r, "loss", ""):  # the source's own code computes the loss (a trainer that takes the logits)
-        settings["loss"] = r.loss
-        assumed.append(f"the loss as the source's own code computes it (--loss {r.loss})")
+    own_loss = getattr(r, "loss", "")  # the source's own code computes the loss (a trainer that takes the logits)
+    if own_loss:
+        settings["loss"] = own_loss
+        assumed.append(f"the loss as the source's own code computes it (--loss {own_loss})")
     else:
         try:
             settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
         except NotModelled as exc:
             return Figure(None, model, reason=str(exc))
-    if settings["loss"] != "fp32" and not getattr(r, "loss", ""):
-        assumed.append(f"the loss as transformers {r.transformers} computed it for {config['model_type']} "
-                       f"(--loss {settings['loss']})")
+        if settings["loss"] != "fp32":
+            assumed.append(f"the loss as transformers {r.transformers} computed it for {config['model_type']} "
+                           f"(--loss {settings['loss']})")
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
