@@ -1,9 +1,9 @@
 """``profkit estimate`` against the wide published set (``tests/data/published/wide.csv``: 437 measured GPU peaks from
-13 projects, split by project into ``used`` and ``holdout`` before the estimator was changed, and 184 ``fresh`` ones
-from 10 other projects, held out whole in session 19; sources in ``wide-sources.md``), written to
-``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
+13 projects, split by project into ``used`` and ``holdout`` before the estimator was changed, 184 ``fresh`` ones
+from 10 other projects, held out whole in session 19, and 49 ``fresh2`` ones gathered after that session's changes;
+sources in ``wide-sources.md``), written to ``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
 
-Usage: python analyses/estimate_vs_published_wide.py used|holdout|fresh
+Usage: python analyses/estimate_vs_published_wide.py used|holdout|fresh|fresh2
 """
 
 from __future__ import annotations
