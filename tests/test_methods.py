@@ -6,6 +6,7 @@ from dataclasses import asdict
 import pytest
 
 from profkit.core.methods import METHODS, OverrideError, UnknownMethodError, get_method, resolve, with_overrides
+from tests.conftest import invoke
 
 TRAINING = ["full", "full_gc", "lora", "lora_gc", "qlora", "qlora_gc", "lora_zero2", "lora_zero3", "lora_zero2_gc",
             "lora_zero3_gc", "qlora_zero2", "qlora_zero3", "qlora_zero2_gc", "qlora_zero3_gc", "full_zero2",
@@ -82,3 +83,13 @@ def test_overrides_name_the_run_and_keep_the_registry_name():
     assert m.lora_r == 64 and m.lora_targets == ("all-linear",) and m.settings()["optimizer"] == "paged-adamw-8bit"
     same = with_overrides(get_method("lora"), lora_rank=8, optimizer="adamw")  # the registry's own values
     assert same.label == "lora" and same == get_method("lora")
+
+
+def test_methods_at_80_columns_cuts_no_name():
+    """What the user types after `profkit record` is printed whole, at 80 columns as at any width."""
+    out = invoke("methods", env={"COLUMNS": "80"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in out.stdout
+    table_rows = [line.split("│")[1].strip() for line in lines if line.startswith("│")]
+    assert table_rows == list(METHODS)
