@@ -72,7 +72,9 @@ RULES: list[tuple[str, str]] = [
                     r"native_dropout|_unsafe_view|as_strided|split|chunk|narrow|"
                     r"unbind|repeat|alias|detach|lift_fresh|_reshape_alias|result_type|item|_local_scalar_dense|"
                     r"is_nonzero|sort|topk|argmax|multinomial|scalar_tensor|lerp|addcmul|addcdiv|rsub|"
-                    r"sign|reciprocal|maximum|minimum|fmod|remainder|ceil|floor|round|type_as|_softmax_backward)|"
+                    r"sign|reciprocal|maximum|minimum|fmod|remainder|ceil|floor|round|type_as|_softmax_backward|"
+                    # logical and set tests (generate()'s stopping criteria run them on the host every token)
+                    r"__and__|__or__|__xor__|__invert__|logical_(and|or|not|xor)|isin|resolve_conj|resolve_neg)|"
                     r"_foreach_|multi_tensor_apply|elementwise|vectorized|unrolled|reduce_kernel|reduction|act_and_mul|silu|"
                     r"gelu|"
                     r"batchnorm|pooling|dropout|fused|index|indices|scatter|gather|cat_|catarray|copy_kernel|"

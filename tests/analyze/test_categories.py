@@ -77,6 +77,11 @@ MUST = [
     ("aten::normal_", "elementwise"),
     ("void bounds_check_indices_kernel<long>(at::GenericPackedTensorAccessor<long, 1ul, at::RestrictPtrTraits, int>)", "elementwise"),
     ("aten::_foreach_add_", "elementwise"),  # how it is done, not what for: the optimizer is found by context
+    ("aten::isin", "elementwise"),  # generate()'s stopping criteria, every token
+    ("aten::__and__", "elementwise"),
+    ("aten::__or__", "elementwise"),
+    ("aten::logical_not", "elementwise"),
+    ("aten::resolve_conj", "elementwise"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>>(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)", "elementwise"),
     ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()>, unsigned int, float, 4>>", "elementwise"),
     ("void cub::DeviceRadixSortOnesweepKernel<cub::DeviceRadixSortPolicy<long, int, unsigned int>::Policy900, false, long, int, int>", "elementwise"),
