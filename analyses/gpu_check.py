@@ -50,7 +50,7 @@ INSTALLED_FLAG = "PROFKIT_GPU_CHECK_INSTALLED"
 
 # Sized for the tool that brings results back: at most 8 files of 16 MiB, 64 MiB together.
 PACK_LIMIT_BYTES = 15 << 20
-PACK_MAX_FILES = 3  # tarballs per part, beside its two summaries
+PACK_MAX_FILES = 3  # tarballs per part, beside its two summaries (--pack-files: fewer where parts share a call)
 # A batch far too large: on the gpu-check preset (seq 1024) hundreds of GB of activations; on micro on CPU the
 # logits alone (4 GB) exceed the address-space limit set for that run.
 OOM_BATCH, OOM_SEQ = 256, 1024
@@ -468,8 +468,8 @@ def trim_trace(path: Path, out: Path) -> Path | None:
     return out
 
 
-def pack(root: Path, runs: list[CheckRun], out: Path, part: str, scratch: Path) -> dict:
-    """The runs' files into at most PACK_MAX_FILES tarballs of at most PACK_LIMIT_BYTES each, most useful first;
+def pack(root: Path, runs: list[CheckRun], out: Path, part: str, scratch: Path, max_files: int = PACK_MAX_FILES) -> dict:
+    """The runs' files into at most ``max_files`` tarballs of at most PACK_LIMIT_BYTES each, most useful first;
     a trace too large alone is trimmed to its last step; what still does not fit is listed."""
     files = []
     for run in runs:
@@ -478,8 +478,8 @@ def pack(root: Path, runs: list[CheckRun], out: Path, part: str, scratch: Path) 
             files += [p for p in d.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(root).parts)]
     rank = {name: i for i, name in enumerate(PRIORITY)}
     files.sort(key=lambda p: (rank.get(p.name, len(PRIORITY)), str(p)))
-    bins: list[list[tuple[Path, str]]] = [[] for _ in range(PACK_MAX_FILES)]
-    room = [PACK_LIMIT_BYTES] * PACK_MAX_FILES
+    bins: list[list[tuple[Path, str]]] = [[] for _ in range(max_files)]
+    room = [PACK_LIMIT_BYTES] * max_files
     left_out, trimmed = [], []
     for path in files:
         arcname = str(path.relative_to(root))
@@ -489,7 +489,7 @@ def pack(root: Path, runs: list[CheckRun], out: Path, part: str, scratch: Path) 
             if copy is not None:
                 size, path = copy.stat().st_size, copy
                 trimmed.append(arcname)
-        k = next((i for i in range(PACK_MAX_FILES) if room[i] >= size + 4096), None)
+        k = next((i for i in range(max_files) if room[i] >= size + 4096), None)
         if k is None:
             left_out.append({"file": arcname, "packed_bytes": size})
             continue
@@ -578,7 +578,7 @@ def run_part(args) -> int:
     summary = {"part": args.part, "device": args.device, "preset": args.preset, "environment": env,
                "runs": results, "overhead": overheads, "flags": flags(results, overheads), "targets": TARGETS,
                "checks_total": len(checks), "checks_passed": sum(c["ok"] for c in checks)}
-    summary["packed"] = pack(root, runs, out, args.part, scratch)
+    summary["packed"] = pack(root, runs, out, args.part, scratch, args.pack_files)
     summary["wall_s"] = time.perf_counter() - t0
     (out / f"summary-{args.part}.json").write_text(json.dumps(summary, indent=2, default=str))
     (out / f"summary-{args.part}.md").write_text(markdown(summary))
@@ -611,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "traces" / "gpu-check-out"))
         p.add_argument("--only", nargs="+", default=None, help="only these runs of the part (by name)")
         p.add_argument("--overhead-rounds", type=int, default=7, help="0: no overhead measurement")
+        p.add_argument("--pack-files", type=int, default=PACK_MAX_FILES,
+                       help="tarballs of runs at most (the tool that brings files back takes 8 in all)")
         p.add_argument("--wheels", type=Path, default=WHEELS)
         p.add_argument("--site", type=Path, default=SITE)
         p.add_argument("--no-install", action="store_true", help="use this interpreter's packages as they are")

@@ -139,13 +139,23 @@ def resolve(into: Path) -> list[str]:
     return log
 
 
-def prune_bitsandbytes(wheel: Path) -> Path:
-    """The wheel without the native libraries of other CUDA majors, ROCm and XPU; RECORD rewritten to match."""
-    keep = re.compile(rf"libbitsandbytes_(cpu|cuda{CUDA_MAJOR}\d*)\.so$")
+# What each carried wheel can leave behind: the working tree and the wheels travel together, 64 MiB in all.
+# bitsandbytes: the native libraries of other CUDA majors, ROCm and XPU (43 MB -> 7 MB); pandas: its own test
+# suite (12 MB -> about 8 MB), which nothing imports.
+PRUNED = {
+    "bitsandbytes": lambda n: bool(re.search(r"libbitsandbytes_\w+\.so$", n))
+    and not re.search(rf"libbitsandbytes_(cpu|cuda{CUDA_MAJOR}\d*)\.so$", n),
+    "pandas": lambda n: n.startswith("pandas/tests/"),
+}
+TRAVEL_LIMIT_BYTES = 64 << 20
+
+
+def prune_wheel(wheel: Path, drop) -> Path:
+    """The wheel without the members ``drop`` selects; RECORD rewritten to match."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / wheel.name
         with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
-            names = [n for n in src.namelist() if not re.search(r"libbitsandbytes_\w+\.so$", n) or keep.search(n)]
+            names = [n for n in src.namelist() if not drop(n)]
             record = next(n for n in names if n.endswith(".dist-info/RECORD"))
             lines = []
             for name in names:
@@ -158,8 +168,15 @@ def prune_bitsandbytes(wheel: Path) -> Path:
             dst.writestr(record, "\n".join(lines + [f"{record},,"]) + "\n")
         before = wheel.stat().st_size
         out.replace(wheel)
-    print(f"bitsandbytes: {before / 1e6:.0f} MB -> {wheel.stat().st_size / 1e6:.1f} MB (kept CPU and CUDA {CUDA_MAJOR})")
+    print(f"{wheel.name.split('-')[0]}: {before / 1e6:.1f} MB -> {wheel.stat().st_size / 1e6:.1f} MB (pruned)")
     return wheel
+
+
+def travelling_bytes() -> int:
+    """What travels beside the wheels: the working tree's tracked and untracked, not ignored, files."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    return sum((ROOT / n.decode()).stat().st_size for n in listed if n and (ROOT / n.decode()).is_file())
 
 
 def main() -> int:
@@ -169,10 +186,17 @@ def main() -> int:
     args.target.mkdir(parents=True, exist_ok=True)
     for line in resolve(args.target):
         print(line)
-    for wheel in args.target.glob("bitsandbytes-*.whl"):
-        prune_bitsandbytes(wheel)
+    for name, drop in PRUNED.items():
+        for wheel in args.target.glob(f"{name}-*.whl"):
+            prune_wheel(wheel, drop)
     total = sum(p.stat().st_size for p in args.target.iterdir())
-    print(f"{args.target}: {len(list(args.target.iterdir()))} files, {total / 2**20:.1f} MiB")
+    tree = travelling_bytes()
+    print(f"{args.target}: {len(list(args.target.iterdir()))} files, {total / 2**20:.1f} MiB; with the working "
+          f"tree ({tree / 2**20:.1f} MiB) {(total + tree) / 2**20:.1f} MiB of the {TRAVEL_LIMIT_BYTES >> 20} MiB "
+          "that travel")
+    if total + tree > TRAVEL_LIMIT_BYTES:
+        print("too large to travel: carry fewer wheels or make the working tree smaller", file=sys.stderr)
+        return 1
     return 0
 
 
