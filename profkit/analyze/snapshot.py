@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import gzip
 import io
 import json
 import operator
@@ -60,12 +61,18 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
 
 def load_snapshot(path: Path) -> dict:
-    """A snapshot pickle, or the HTML memory_viz exports with one embedded. Never runs code from the file."""
+    """A snapshot pickle (gzip-compressed or not), or the HTML memory_viz exports with one embedded. Never runs code
+    from the file."""
     path = Path(path)
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise SnapshotError(path, f"unreadable ({exc.strerror or exc})") from None
+    if raw[:2] == b"\x1f\x8b":  # gzip-compressed (snapshots compress 20-fold; users and profkit's fixtures do so)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise SnapshotError(path, f"a damaged gzip file ({exc})") from None
     if raw.lstrip()[:1] == b"<":  # memory_viz's HTML: const local_files = [{"name": ..., "base64": ...}]
         found = re.search(rb"local_files\s*=\s*(\[.*?\])\s*\n", raw, re.S)
         if not found:
