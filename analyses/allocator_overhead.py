@@ -20,11 +20,11 @@ OUT = ROOT / "profkit" / "data" / "allocator" / "reserved_over_allocated.csv"
 # Real training steps with an allocation history (the peaks need one). Left out: the mosaic file (synthetic, random
 # sizes) and FlexGen's (a legacy dump with no history, so no peak).
 TRAINING = {
-    "cs336_gpt_medium_ctx128_training.pickle": "CS336 Transformer LM medium, one training step, AdamW",
-    "cs336_fullstep_fragmented_999seg.pickle": "CS336 Transformer LM, one training step, AdamW (999 segments)",
-    "cs336_fullstep_adamw_annot.pickle": "CS336 Transformer LM, one training step, AdamW",
+    "cs336_gpt_medium_ctx128_training.pickle.gz": "CS336 Transformer LM medium, one training step, AdamW",
+    "cs336_fullstep_fragmented_999seg.pickle.gz": "CS336 Transformer LM, one training step, AdamW (999 segments)",
+    "cs336_fullstep_adamw_annot.pickle.gz": "CS336 Transformer LM, one training step, AdamW",
     "cs336_small_segment_alloc.pickle": "CS336 attention peak-memory run",
-    "opt_finetune_zo_fedlearn_windows.pickle": "OPT fine-tuning (transformers), zeroth-order, SGD, Windows",
+    "opt_finetune_zo_fedlearn_windows.pickle.gz": "OPT fine-tuning (transformers), zeroth-order, SGD, Windows",
 }
 
 

@@ -1,6 +1,6 @@
 """Benchmark: ``profkit snapshot``'s analysis of an allocator snapshot with a million history events.
 
-The snapshot is synthesised from a real one (``cs336_gpt_medium_ctx128_training.pickle``, one training step on a
+The snapshot is synthesised from a real one (``cs336_gpt_medium_ctx128_training.pickle.gz``, one training step on a
 GPU): the allocations of its history that are also freed within it (so each copy leaves the allocator as it found
 it) are repeated, shifted in time, until the history holds ``--events`` entries; its segments are the real ones.
 Each measurement runs in a fresh process, ``--repeats`` times:
@@ -15,6 +15,7 @@ Usage: python analyses/bench_snapshot.py [--events 1000000] [--repeats 3]
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import pickle
 import statistics
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "tests" / "data" / "cuda-snapshots" / "cs336_gpt_medium_ctx128_training.pickle"
+SOURCE = ROOT / "tests" / "data" / "cuda-snapshots" / "cs336_gpt_medium_ctx128_training.pickle.gz"
 OUT = ROOT / "reports" / "benchmarks" / "snapshot_1m_events.json"
 
 MEASURE = r"""
@@ -51,7 +52,7 @@ print(json.dumps({"wall_s": wall, "peak_over_start_bytes": peak - before, **extr
 
 
 def synthesise(n_events: int, target: Path) -> int:
-    with open(SOURCE, "rb") as fh:
+    with gzip.open(SOURCE, "rb") as fh:
         data = pickle.load(fh)  # our own test fixture: plain data
     events = data["device_traces"][0]
     allocated = {e["addr"] for e in events if e["action"] == "alloc"}

@@ -31,7 +31,7 @@ def _replayed(events: list[dict]) -> tuple[CachingAllocator, list[int]]:
     return allocator, recorded
 
 
-@pytest.mark.parametrize("name", ["cs336_small_segment_alloc.pickle", "opt_finetune_zo_fedlearn_windows.pickle"])
+@pytest.mark.parametrize("name", ["cs336_small_segment_alloc.pickle", "opt_finetune_zo_fedlearn_windows.pickle.gz"])
 def test_replaying_a_real_history_opens_the_segments_the_allocator_opened(name):
     """The two snapshots whose history starts with an empty allocator and records every cudaMalloc
     (``segment_alloc``): replaying their allocations and frees opens the same segments, in order, as the real

@@ -4,6 +4,7 @@ the pickles (and, where the history starts from an empty allocator, against a fo
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import os
 import pickle
@@ -15,7 +16,7 @@ from profkit.analyze.snapshot import SnapshotError, analyse_snapshot, load_snaps
 from tests.conftest import invoke, DATA
 
 SNAPSHOTS = DATA / "cuda-snapshots"
-ALL = sorted(SNAPSHOTS.glob("*.pickle"))
+ALL = sorted(SNAPSHOTS.glob("*.pickle*"))
 ACTIVE = ("active_allocated", "active_awaiting_free")
 
 
@@ -25,7 +26,7 @@ class _PlainData(pickle.Unpickler):
 
 
 def raw(path):
-    with open(path, "rb") as fh:
+    with (gzip.open if path.name.endswith(".gz") else open)(path, "rb") as fh:
         return _PlainData(fh).load()
 
 
@@ -73,7 +74,7 @@ def test_live_at_the_peak_adds_up_to_the_peak():
 
 
 def test_owners_from_frames_and_annotations():
-    a = analyse_snapshot(SNAPSHOTS / "cs336_gpt_medium_ctx128_training.pickle")
+    a = analyse_snapshot(SNAPSHOTS / "cs336_gpt_medium_ctx128_training.pickle.gz")
     peak = a.live[a.live.instant == "peak"].groupby("owner")["bytes"].sum()
     assert peak["gradients (AccumulateGrad)"] > 1 << 30  # the gradients of a ~400M-parameter model
     assert peak["optimizer step"] > 0
@@ -87,13 +88,13 @@ def test_legacy_torch20_layout_and_windows_paths():
     top = legacy.live[legacy.live.instant == "snapshot"].iloc[0]
     assert top.site == "flexgen/pytorch_backend.py:190 allocate" and top.library == "user code"
     assert any("torch 2.0" in n for n in legacy.notes) and any("request is unknown" in n for n in legacy.notes)
-    windows = analyse_snapshot(SNAPSHOTS / "opt_finetune_zo_fedlearn_windows.pickle")
+    windows = analyse_snapshot(SNAPSHOTS / "opt_finetune_zo_fedlearn_windows.pickle.gz")
     assert "transformers" in set(windows.live.library)  # C:\...\site-packages\transformers\ frames
 
 
 def _with_oom(tmp_path, request, device_free, expandable=False):
     """A real snapshot with an OOM event appended as the allocator would record it (the fixtures hold none)."""
-    data = raw(SNAPSHOTS / "cs336_fullstep_fragmented_999seg.pickle")
+    data = raw(SNAPSHOTS / "cs336_fullstep_fragmented_999seg.pickle.gz")
     data = copy.deepcopy(data)
     data["allocator_settings"]["expandable_segments"] = expandable
     last = data["device_traces"][0][-1]
@@ -105,7 +106,7 @@ def _with_oom(tmp_path, request, device_free, expandable=False):
 
 
 def test_oom_that_fragmentation_caused(tmp_path):
-    d0 = analyse_snapshot(SNAPSHOTS / "cs336_fullstep_fragmented_999seg.pickle").devices.iloc[0]
+    d0 = analyse_snapshot(SNAPSHOTS / "cs336_fullstep_fragmented_999seg.pickle.gz").devices.iloc[0]
     # Larger than any free block, smaller than the free bytes in reserved segments plus the device's free memory.
     request = int(d0.largest_free_block_bytes) + (64 << 20)
     path, data = _with_oom(tmp_path, request, device_free=32 << 20)
@@ -120,7 +121,7 @@ def test_oom_that_fragmentation_caused(tmp_path):
 
 
 def test_oom_that_no_allocator_setting_would_have_avoided(tmp_path):
-    d0 = analyse_snapshot(SNAPSHOTS / "cs336_fullstep_fragmented_999seg.pickle").devices.iloc[0]
+    d0 = analyse_snapshot(SNAPSHOTS / "cs336_fullstep_fragmented_999seg.pickle.gz").devices.iloc[0]
     request = int(d0.free_in_reserved_bytes) + (3 << 30)
     path, _ = _with_oom(tmp_path, request, device_free=1 << 30, expandable=True)
     a = analyse_snapshot(path)
@@ -151,10 +152,10 @@ def test_a_pickle_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
 def test_memory_viz_html_export_is_read(tmp_path):
     from torch.cuda import _memory_viz
 
-    data = raw(SNAPSHOTS / "cs336_fullstep_adamw_annot.pickle")
+    data = raw(SNAPSHOTS / "cs336_fullstep_adamw_annot.pickle.gz")
     html = tmp_path / "viz.html"
     html.write_text(_memory_viz.trace_plot(data))
-    a, b = analyse_snapshot(html), analyse_snapshot(SNAPSHOTS / "cs336_fullstep_adamw_annot.pickle")
+    a, b = analyse_snapshot(html), analyse_snapshot(SNAPSHOTS / "cs336_fullstep_adamw_annot.pickle.gz")
     assert a.devices.to_dict() == b.devices.to_dict()
 
 
@@ -191,7 +192,7 @@ def test_breakdown_and_report_of_a_run_with_an_allocator_snapshot(matrix, tmp_pa
 
     run = tmp_path / "traces" / "lora"
     shutil.copytree(matrix / "lora", run)
-    source = SNAPSHOTS / "cs336_gpt_medium_ctx128_training.pickle"
+    source = SNAPSHOTS / "cs336_gpt_medium_ctx128_training.pickle.gz"
     shutil.copy(source, run / "memory_snapshot.pickle")
     bd = breakdown([run])
     data = raw(source)
