@@ -322,3 +322,39 @@ def test_a_compiled_model_decomposes_by_both_sources_alike(tmp_path):
     sources = bd.memory_sources.set_index("category")
     assert len(sources) and (sources.difference_of_peak.abs() <= 0.01).all(), sources
     assert not any("storage lifetimes say" in n for n in bd.notes["compiled"]), bd.notes["compiled"]
+
+
+def test_the_allocators_history_is_kept_through_the_warmup_steps_on_cuda(tmp_path, monkeypatch):
+    """On CUDA the allocator's history runs through the warm-up steps (untimed) and is cleared when they end, so an
+    OOM in the first steps dumps a snapshot that holds the failed request (the first GPU check's OOM snapshot held
+    no history: it failed in warm-up, before the memory cycle). The CUDA calls are stood in for on CPU."""
+    calls = []
+    monkeypatch.setattr(torch.cuda.memory, "_record_memory_history",
+                        lambda enabled="all", **kw: calls.append("cleared" if enabled is None else "recording"))
+    monkeypatch.setattr(torch._C, "_cuda_attach_out_of_memory_observer", lambda observer: None, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def session(name):
+        s = profkit.Session(tmp_path / name, model, optimizer, warmup_steps=2, timed_steps=1, profiled_steps=1,
+                            memory_steps=1)
+        s.cuda = True  # as on a GPU: the session asks torch for nothing else in its warm-up steps
+        return s
+
+    s = session("ends-warmup")
+    s.start()
+    assert calls == ["recording"]
+    s.step()
+    assert calls == ["recording"]  # still warming up
+    s.step()
+    assert calls == ["recording", "cleared"] and s.phase == "timed"
+    s.cuda = False  # the rest of the session on CPU
+    s.close()
+
+    calls.clear()
+    s = session("fails-in-warmup")
+    s.start()
+    s.close(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert calls == ["recording", "cleared"]
+    assert json.loads((s.path / "manifest.json").read_text())["status"] == "oom"

@@ -246,6 +246,8 @@ class Session:
             self._stop_profiler()
             if self.phase == "memory_profile":
                 self._end_memory_cycle()
+            elif self.phase == "warmup" and self.cuda:
+                torch.cuda.memory._record_memory_history(enabled=None)
         except Exception as failure:  # never let saving what was captured hide the run's own outcome
             if rec.status == "ok":
                 rec.status = "failed"
@@ -280,7 +282,12 @@ class Session:
             self._labels.remove()
             return
         self.phase, self._in_phase = PHASES[index], 0
-        if self.phase == "timed":
+        if self.phase == "warmup" and self.cuda:
+            # The allocator's history through the warm-up steps (not timed), so that an OOM in the first steps,
+            # where a batch too large fails, dumps a snapshot holding the failed request and the allocations that
+            # led to it (on an H100 the GPU check's OOM snapshot had neither: it failed before the memory cycle).
+            torch.cuda.memory._record_memory_history(max_entries=CUDA_HISTORY_MAX_ENTRIES)
+        elif self.phase == "timed":
             self._sync()
             self._mark = time.perf_counter()
         elif self.phase == "time_profile":
@@ -294,7 +301,9 @@ class Session:
             self._start_memory_cycle()
 
     def _finish_phase(self, phase: str) -> None:
-        if phase == "timed":
+        if phase == "warmup" and self.cuda:
+            torch.cuda.memory._record_memory_history(enabled=None)  # and cleared: the memory cycle starts afresh
+        elif phase == "timed":
             self._store_timings()
         elif phase in ("time_profile", "memory_profile"):
             self._stop_profiler()

@@ -79,11 +79,18 @@ class RunDir:
 
     @property
     def cuda_snapshot(self) -> Path:
-        return self.path / CUDA_SNAPSHOT
+        return self._pickle(CUDA_SNAPSHOT)
 
     @property
     def oom_snapshot(self) -> Path:
-        return self.path / OOM_SNAPSHOT
+        return self._pickle(OOM_SNAPSHOT)
+
+    def _pickle(self, name: str) -> Path:
+        """A snapshot as written, or gzip-compressed beside where it would be (``.pickle.gz``: a run kept or sent
+        compressed; snapshots shrink 20-fold)."""
+        plain = self.path / name
+        packed = plain.with_name(name + ".gz")
+        return packed if packed.is_file() and not plain.exists() else plain
 
     @property
     def log(self) -> Path:
