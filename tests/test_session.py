@@ -358,3 +358,48 @@ def test_the_allocators_history_is_kept_through_the_warmup_steps_on_cuda(tmp_pat
     s.close(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert calls == ["recording", "cleared"]
     assert json.loads((s.path / "manifest.json").read_text())["status"] == "oom"
+
+
+@pytest.mark.parametrize("frozen, trainable, autocast, expected", [
+    (torch.float32, torch.float32, torch.bfloat16, "bf16-amp"),  # a model loaded without a dtype, under autocast
+    (torch.bfloat16, torch.float32, torch.bfloat16, "bf16-mixed"),  # the frozen base in bf16 (the registry's)
+    (None, torch.float32, torch.float16, "fp16-mixed"),  # full fine-tuning: nothing frozen
+    (torch.float32, torch.float32, None, "fp32"),
+    (torch.bfloat16, torch.bfloat16, None, "bf16-pure"),
+    (torch.bfloat16, torch.float32, None, None),  # half weights, fp32 adapters, no autocast: no registry name
+])
+def test_the_precision_is_read_from_the_weights_and_the_autocast_the_forward_ran_under(frozen, trainable, autocast,
+                                                                                        expected):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2).to(trainable), torch.nn.Linear(2, 2))
+    if frozen is None:
+        model[1].to(trainable)
+    else:
+        model[1].to(frozen).requires_grad_(False)
+    from profkit.record.describe import precision_of
+    assert precision_of(model, autocast) == expected
+
+
+def test_a_user_loop_under_autocast_over_fp32_weights_is_estimated_as_it_ran(tmp_path):
+    """A hand-written loop with the model as from_config made it (fp32) and bf16 autocast around the forward: the
+    session reads bf16-amp from the live model and the forward, and the estimate takes it (an H100 run of this
+    loop was estimated 25% low when taken for bf16 weights: tests/analyze/test_gpu_runs.py)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    preset = get_preset("micro")
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_config(AutoConfig.for_model(**preset.config)),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    with profkit.Session(tmp_path / "amp", model, optimizer, **QUICK) as session:
+        while not session.done:
+            ids = torch.randint(0, preset.config["vocab_size"], (2, 32))
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            session.step()
+    record = json.loads((session.path / "manifest.json").read_text())
+    assert record["model"]["found"]["precision"] == "bf16-amp"
+    assert record["estimate"]["settings"]["precision"] == "bf16-amp", record["estimate"].get("error")

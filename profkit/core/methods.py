@@ -13,7 +13,7 @@ from typing import Any, Callable, Literal
 from profkit.core.options import CommandOption
 
 QUANT_TYPES = ("nf4", "fp4")
-PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure")
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-amp", "fp16-amp", "bf16-pure")
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
 ATTENTIONS = ("sdpa", "flash", "eager")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -48,7 +48,8 @@ class Method:
     # makes the residual stream fp32; some stacks (fms-acceleration's) prepare without that cast.
     kbit_upcast: bool = True
     # auto: bf16 autocast over fp32 trainable weights on GPUs (fp16 where bf16 is missing), fp32 on CPU.
-    precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-pure"] = "auto"
+    # -amp: the same autocast over weights all in fp32, a frozen base too (a model loaded without a dtype).
+    precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-amp", "fp16-amp", "bf16-pure"] = "auto"
     optimizer: Literal["adamw", "adamw-8bit", "paged-adamw-8bit", "sgd"] = "adamw"
     attention: Literal["sdpa", "flash", "eager"] = "sdpa"
     # To host memory: ZeRO-Offload's optimizer (+ params) or FSDP's CPUOffloadPolicy (params, gradients and step).
@@ -142,8 +143,9 @@ SETTINGS: dict[str, Setting] = {
     "kbit_upcast": _setting("kbit_upcast", "quantized", lambda v: "upcast" if v else "no-upcast", "--kbit-upcast",
                             "4-bit training: cast the unquantized weights to fp32 (peft's "
                             "prepare_model_for_kbit_training), or keep them in the load dtype.", bool),
-    "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (pure: weights, "
-                          "gradients and optimizer state in bf16).", str, PRECISIONS),
+    "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (mixed: autocast, "
+                          "a frozen base loaded in half precision; amp: autocast over fp32 weights, the frozen base "
+                          "too; pure: weights, gradients and optimizer state in bf16).", str, PRECISIONS),
     "optimizer": _setting("optimizer", "train", str, "--optimizer", f"{', '.join(OPTIMIZERS)}.", str, OPTIMIZERS),
     "attention": _setting("attention", "any", lambda v: f"attn-{v}", "--attention", f"{', '.join(ATTENTIONS)} "
                           "(what the model is built with; flash on CPU runs sdpa).", str, ATTENTIONS),

@@ -24,7 +24,7 @@ from profkit.model.data import inference_prompts, token_blocks, training_batches
 from profkit.model.distributed import init_process_group
 from profkit.model.fsdp import shard, trainer_fsdp_arguments
 from profkit.model.loss import causal_lm_loss, loss_of_logits
-from profkit.model.zero import init_zero_process_group, trainer_deepspeed_config
+from profkit.model.zero import init_zero_process_group, torch_autocast_config, trainer_deepspeed_config
 from profkit.record.hf import TrainerCallback
 
 
@@ -101,6 +101,7 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
         ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
                      "zero_optimization": zero, "zero_allow_untested_optimizer": True,
                      "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
+        ds_config.update(torch_autocast_config(autocast))
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
 
     def step() -> None:

@@ -167,15 +167,15 @@ def plan(method: Method, device: str, half: torch.dtype | None = None, engine: s
     precision = method.precision
     if precision == "auto":
         precision = "fp32" if device == "cpu" else ("bf16-mixed" if half == torch.bfloat16 else "fp16-mixed")
-    half = {"bf16-mixed": torch.bfloat16, "bf16-pure": torch.bfloat16, "fp16-mixed": torch.float16}.get(precision,
-                                                                                                      torch.float32)
+    half = {"bf16-mixed": torch.bfloat16, "bf16-amp": torch.bfloat16, "bf16-pure": torch.bfloat16,
+            "fp16-mixed": torch.float16, "fp16-amp": torch.float16}.get(precision, torch.float32)
     if method.kind == "infer":
         load = half
-    elif precision == "fp32" or (precision.endswith("-mixed") and method.adapter == "none"):
-        load = torch.float32  # trainable full fine-tuning weights stay fp32 under mixed precision
+    elif precision == "fp32" or precision.endswith("-amp") or (precision.endswith("-mixed") and method.adapter == "none"):
+        load = torch.float32  # trainable full fine-tuning weights stay fp32 under mixed precision; amp: all weights
     else:
         load = half  # frozen bases in half precision; bf16-pure: everything
-    autocast = half if precision.endswith("-mixed") else None
+    autocast = half if precision.endswith(("-mixed", "-amp")) else None
     fsdp_param_dtype = None
     if method.fsdp and autocast is not None:
         # FSDP's policy casts what it gathers. profkit's loop (torchtitan's way) runs no autocast beside it; the

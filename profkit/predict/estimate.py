@@ -55,7 +55,7 @@ from profkit.core.units import human_bytes
 from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
 from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
-from profkit.model.zero import zero3_linear, zero_buffers
+from profkit.model.zero import reduce_dtypes, zero3_linear, zero_buffers
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
 from profkit.predict.step_replay import AllocatorReplay, ShardedStep, fixed_lengths, growing_lengths, replay_step
 
@@ -633,7 +633,11 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         buffers = zero_buffers(method.zero_stage, model, engine)
         part = math.ceil(n_trainable / world_size)
         trainable_elem = trainable[0].element_size()
-        bucket = buffers["reduce_bucket_size"] * trainable_elem
+        # One reduce buffer per dtype DeepSpeed communicates in (profkit's loop keeps autocast inside the engine
+        # through its torch_autocast section, which reduces Linear layers' gradients in the autocast dtype).
+        comm = reduce_dtypes(model, trainable, plan.autocast if engine == "loop" else None)
+        bucket = buffers["reduce_bucket_size"] * (sum(d.itemsize for d in comm) if method.zero_stage == 3
+                                                  else trainable_elem * len(comm))
         detail["zero_fp32_master_partition"] = part * 4
         # The fp32 master partition and the optimizer's state of that one flat tensor.
         optimizer_state = part * 4 + optimizer_state_bytes(method.optimizer, [part], 4) + step_bytes

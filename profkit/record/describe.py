@@ -179,6 +179,27 @@ def method_of(parts: Parts, inference: bool = False) -> Method:
                   **fields)
 
 
+_HALF = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
+def precision_of(model: Any, autocast: Any) -> str | None:
+    """The registry's precision for what the forward ran with: ``autocast`` (the dtype autocast was on with inside
+    the model's forward, or None) over the floating weights' dtypes. None where the registry has no name for it
+    (half-precision weights beside fp32 trainable ones with no autocast: DeepSpeed turns a caller's autocast off
+    inside its engine unless its config asks for torch's)."""
+    trainable = {str(p.dtype) for p in model.parameters() if p.requires_grad and p.is_floating_point()}
+    frozen = {str(p.dtype) for p in model.parameters() if not p.requires_grad and p.is_floating_point()}
+    if str(autocast) in _HALF:
+        half = _HALF[str(autocast)]
+        # A frozen base in fp32 (a model loaded without a dtype) is amp; in half precision, or none frozen, mixed.
+        # A 4-bit base keeps only its norms and embeddings floating, fp32 under either: mixed, the registry's.
+        return f"{half}-amp" if frozen == {"torch.float32"} and not _quantization(model) else f"{half}-mixed"
+    if autocast is not None:
+        return None
+    weights = trainable | frozen
+    return {frozenset({"torch.float32"}): "fp32", frozenset({"torch.bfloat16"}): "bf16-pure"}.get(frozenset(weights))
+
+
 # An optimizer's class -> the registry's name for what it holds (SGD is modelled without momentum).
 OPTIMIZER_OF = {"AdamW": "adamw", "Adam": "adamw", "AdamW8bit": "adamw-8bit", "Adam8bit": "adamw-8bit",
                 "PagedAdamW8bit": "paged-adamw-8bit", "SGD": "sgd"}

@@ -118,6 +118,7 @@ class Session:
         self._tokens_now = 0
         self._last_loss = None
         self._input_shape: tuple | None = None
+        self._autocast = None  # the autocast dtype the model's first forward ran under
         self._prof: profile | None = None
         self._labels = PhaseLabels(self)
         self._t0 = time.perf_counter()
@@ -258,6 +259,9 @@ class Session:
             for h in self._always:
                 h.remove()
             if rec.estimate is None and rec.kind == "train":
+                if self._input_shape is not None:
+                    precision = describe.precision_of(self.parts.model, self._autocast)
+                    rec.model["found"]["precision"] = precision or "auto"  # auto: the estimate names its guess
                 with self._native_output():  # the estimator imports peft and bitsandbytes, which chatter
                     rec.estimate = self._estimate()
             self._write_record()
@@ -411,6 +415,11 @@ class Session:
                 self._tokens_now += ids.numel()
                 if self._input_shape is None and ids.dim() == 2:
                     self._input_shape = tuple(ids.shape)  # (batch, sequence): what the estimate needs
+                    # Autocast as the forward runs (inside a DeepSpeed engine: as the engine left it): with the
+                    # weights' dtypes, the precision the estimate takes (a user loop on an H100 loaded fp32 weights
+                    # under bf16 autocast; taken for bf16 weights, its peak was estimated 25% low).
+                    kind = "cuda" if self.cuda else "cpu"
+                    self._autocast = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
     def _keep_loss(self, module, args, output) -> None:
         if self._generation is not None:
