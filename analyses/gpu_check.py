@@ -297,6 +297,26 @@ def overhead(method: str, preset: str, device: str, rounds: int, scratch: Path) 
             "ratio": r["ratio"], "rounds": rounds}
 
 
+def recorded_on(root: Path, runs: list[CheckRun]) -> dict:
+    """The machine and versions the runs were recorded with (their manifests), for a check of runs brought back."""
+    for run in runs:
+        manifest = root / run.name / "manifest.json"
+        if manifest.is_file():
+            m = json.loads(manifest.read_text())
+            device, versions = m.get("device") or {}, m.get("versions") or {}
+            gpu = {"name": device.get("name"), "total_memory_bytes": device.get("total_memory"),
+                   "capability": device.get("capability"), "cuda": device.get("cuda")} if device.get("cuda") else None
+            return {"python": versions.get("python"), "torch": versions.get("torch"), "gpu": gpu,
+                    "checked_here": {"python": sys.version.split()[0], "torch": _torch_version()}}
+    return {}
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 # --------------------------------------------------------------------------- checks
 
 def _snapshot_cli(path: Path) -> dict:
@@ -563,17 +583,36 @@ def run_part(args) -> int:
     scratch = root / ".scratch"
     scratch.mkdir(exist_ok=True)
     t0 = time.perf_counter()
-    walls = {run.name: record_run(run, root, args.preset, args.device) for run in runs}
+    # A deadline keeps the evidence: on the first GPU every part ran past its time limit and wrote nothing. No run
+    # starts that the longest so far would carry past it; what was recorded is still checked and packed.
+    deadline = t0 + args.deadline_s if args.deadline_s is not None else None
+    walls, longest, out_of_time = {}, 0.0, []
+    for run in runs if not args.no_record else []:
+        kept = _status(root / run.name) == run.expected  # costs nothing: never held back by the deadline
+        if deadline is not None and not kept and time.perf_counter() + longest > deadline:
+            out_of_time.append(run.name)
+            continue
+        walls[run.name] = record_run(run, root, args.preset, args.device)
+        longest = max(longest, walls[run.name])
     methods = [m for p in part_names for m in OVERHEAD[p] if not args.only or m in args.only]
-    overheads = [overhead(m, args.preset, args.device, args.overhead_rounds, scratch) for m in methods
-                 if args.overhead_rounds > 0]
+    overheads = []
+    for m in methods if args.overhead_rounds > 0 and not args.no_record else []:
+        if deadline is not None and time.perf_counter() + 2 * longest > deadline:
+            overheads.append({"method": m, "error": ["not measured: the deadline (--deadline-s) came first"]})
+            continue
+        overheads.append(overhead(m, args.preset, args.device, args.overhead_rounds, scratch))
     # Only now: torch in this process would hold a CUDA context (memory) while the runs record.
     env = environment(json.loads(os.environ.get(INSTALLED_FLAG) or "[]"))
+    if args.no_record:  # runs brought back from another machine: that machine is the one the figures describe
+        env = {**env, **recorded_on(root, runs)}
     print(f"torch {env['torch']} from {env['torch_path']}; profkit from {env['profkit_path']}; "
           f"GPU: {(env['gpu'] or {}).get('name', 'none')}", flush=True)
     results = check_runs(runs, root, args.device)
     for r in results:
-        r["record_wall_s"] = walls[r["run"]]
+        r["record_wall_s"] = walls.get(r["run"])
+        if r["run"] in out_of_time:
+            r["checks"].insert(0, {"check": "recorded before the deadline", "ok": _status(root / r["run"]) is not None,
+                                   "detail": f"not started: --deadline-s {args.deadline_s:g} came first"})
     checks = [c for r in results for c in r["checks"]]
     summary = {"part": args.part, "device": args.device, "preset": args.preset, "environment": env,
                "runs": results, "overhead": overheads, "flags": flags(results, overheads), "targets": TARGETS,
@@ -587,14 +626,14 @@ def run_part(args) -> int:
 
 
 def collect(dirs: list[Path], target: Path) -> int:
-    """The parts' summaries (as brought back) merged into ``target``: summary.json and README.md."""
+    """The parts' summaries (as brought back) merged into ``target``: summary.json and summary.md."""
     summaries = [json.loads(p.read_text()) for d in dirs for p in sorted(d.glob("summary-*.json"))]
     if not summaries:
         print(f"no summary-*.json in {', '.join(map(str, dirs))}", file=sys.stderr)
         return 2
     target.mkdir(parents=True, exist_ok=True)
     (target / "summary.json").write_text(json.dumps(summaries, indent=2))
-    (target / "README.md").write_text("\n".join(markdown(s) for s in summaries))
+    (target / "summary.md").write_text("\n".join(markdown(s) for s in summaries))
     print(f"-> {target}")
     return 0
 
@@ -611,11 +650,16 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "traces" / "gpu-check-out"))
         p.add_argument("--only", nargs="+", default=None, help="only these runs of the part (by name)")
         p.add_argument("--overhead-rounds", type=int, default=7, help="0: no overhead measurement")
+        p.add_argument("--deadline-s", type=float, default=None,
+                       help="start no run (nor the overhead measurement) that would end past this many seconds; "
+                            "what was recorded is still checked and packed")
         p.add_argument("--pack-files", type=int, default=PACK_MAX_FILES,
                        help="tarballs of runs at most (the tool that brings files back takes 8 in all)")
         p.add_argument("--wheels", type=Path, default=WHEELS)
         p.add_argument("--site", type=Path, default=SITE)
         p.add_argument("--no-install", action="store_true", help="use this interpreter's packages as they are")
+        p.add_argument("--no-record", action="store_true",
+                       help="check runs recorded earlier (brought back from the GPU machine) without recording")
     inst = sub.add_parser("install", help="only install the carried wheels and profkit")
     inst.add_argument("--wheels", type=Path, default=WHEELS)
     inst.add_argument("--site", type=Path, default=SITE)
@@ -640,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         return oom_run(args.target, args.preset, args.device, args.method)
     if args.command == "collect":
         return collect(args.dirs, args.target)
-    if not args.no_install and INSTALLED_FLAG not in os.environ:
+    if not (args.no_install or args.no_record) and INSTALLED_FLAG not in os.environ:
         _reexec_installed(args.site, install(args.wheels, args.site))
     return run_part(args)
 

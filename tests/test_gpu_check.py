@@ -149,3 +149,24 @@ def test_gpu_check_end_to_end_on_cpu(matrix, engines, tmp_path):
     reports = tmp_path / "reports"
     assert gpu_check.collect([out], reports) == 0
     assert json.loads((reports / "summary.json").read_text())[0]["part"] == "all"
+
+
+def test_a_deadline_keeps_what_was_recorded(matrix, tmp_path):
+    """On the first GPU each part ran past its time limit and wrote nothing. With --deadline-s no run starts past
+    it: a run recorded earlier is still kept and checked, one not started is listed as such, the summary and the
+    tarball are written, and the exit code says the check is incomplete."""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    shutil.copytree(matrix / "lora", runs / "lora")
+    code = gpu_check.main(["--device", "cpu", "--preset", "micro", "--part", "train", "--only", "lora", "full",
+                           "--overhead-rounds", "1", "--no-install", "--deadline-s", "0", "--pack-files", "1",
+                           "--runs", str(runs), "--out", str(out)])
+    assert code == 1
+    summary = json.loads((out / "summary-train.json").read_text())
+    by_run = {r["run"]: r for r in summary["runs"]}
+    assert by_run["lora"]["status"] == "ok" and all(c["ok"] for c in by_run["lora"]["checks"])
+    assert by_run["full"]["status"] is None and by_run["full"]["record_wall_s"] is None
+    assert by_run["full"]["checks"][0] == {"check": "recorded before the deadline", "ok": False,
+                                           "detail": "not started: --deadline-s 0 came first"}
+    assert [o["method"] for o in summary["overhead"]] == ["full", "lora"]
+    assert all("deadline" in o["error"][0] for o in summary["overhead"])
+    assert [t.name for t in out.glob("runs-*.tar.gz")] == ["runs-train-1.tar.gz"]

@@ -576,7 +576,9 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
 def estimate(method: Method, config, batch_size: int, seq_len: int, world_size: int = 1,
              target: Target = "cuda", model_name: str = "", engine: str = "loop", new_tokens: int = 1) -> Estimate:
     """Training: one step at ``batch_size`` x ``seq_len``. Inference: generate() of ``new_tokens`` after a prompt
-    of ``batch_size`` x ``seq_len`` tokens."""
+    of ``batch_size`` x ``seq_len`` tokens. ``engine``: ``loop`` (profkit's own), ``trainer`` (transformers'
+    Trainer through accelerate) or ``session`` (someone else's loop: as profkit's, without the DeepSpeed config
+    profkit's loop writes)."""
     # peft, bitsandbytes and DeepSpeed announce themselves at import and warn about their own deprecations.
     with library_output():
         try:
@@ -634,7 +636,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         part = math.ceil(n_trainable / world_size)
         trainable_elem = trainable[0].element_size()
         # One reduce buffer per dtype DeepSpeed communicates in (profkit's loop keeps autocast inside the engine
-        # through its torch_autocast section, which reduces Linear layers' gradients in the autocast dtype).
+        # through its torch_autocast section, which reduces Linear layers' gradients in the autocast dtype;
+        # another loop's config is not known to have it).
         comm = reduce_dtypes(model, trainable, plan.autocast if engine == "loop" else None)
         bucket = buffers["reduce_bucket_size"] * (sum(d.itemsize for d in comm) if method.zero_stage == 3
                                                   else trainable_elem * len(comm))

@@ -29,4 +29,4 @@ def estimate_live(model: Any, record: RunRecord, input_shape: tuple[int, int], w
     batch, seq = input_shape
     world = world_size if method.sharded else 1
     return estimate(method, config, batch, seq, world, "cuda" if device == "cuda" else "cpu", type(config).__name__,
-                    "trainer" if record.engine == "trainer" else "loop").to_json()
+                    "trainer" if record.engine == "trainer" else "session").to_json()

@@ -87,7 +87,7 @@ class Figure:
     seq_len: int = 0
     world_size: int = 1
     new_tokens: int = 1
-    engine: str = "loop"  # "trainer": run through accelerate (the HF Trainer), as the source states
+    engine: str = "session"  # the source's own loop; "trainer": run through accelerate (the HF Trainer), as stated
     varying: bool = False  # batches padded to their longest sample: lengths vary from step to step
     reason: str = ""
     assumed: tuple[str, ...] = ()
@@ -233,7 +233,7 @@ def read_figure(r, models: dict) -> Figure:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
         return Figure(None, model, reason=f"setting not understood: {exc}")
-    engine = "trainer" if "accelerate" in sharding else "loop"
+    engine = "trainer" if "accelerate" in sharding else "session"  # the source's own loop, not profkit's
     return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, engine,
                   varying=bool(capped), assumed=tuple(assumed))
 
