@@ -488,7 +488,8 @@ def trim_trace(path: Path, out: Path) -> Path | None:
     return out
 
 
-def pack(root: Path, runs: list[CheckRun], out: Path, part: str, scratch: Path, max_files: int = PACK_MAX_FILES) -> dict:
+def pack(root: Path, runs: list[CheckRun], out: Path, part: str, scratch: Path,
+         max_files: int = PACK_MAX_FILES) -> dict:
     """The runs' files into at most ``max_files`` tarballs of at most PACK_LIMIT_BYTES each, most useful first;
     a trace too large alone is trimmed to its last step; what still does not fit is listed."""
     files = []

@@ -171,7 +171,7 @@ def plan(method: Method, device: str, half: torch.dtype | None = None, engine: s
             "fp16-mixed": torch.float16, "fp16-amp": torch.float16}.get(precision, torch.float32)
     if method.kind == "infer":
         load = half
-    elif precision == "fp32" or precision.endswith("-amp") or (precision.endswith("-mixed") and method.adapter == "none"):
+    elif precision in ("fp32", "bf16-amp", "fp16-amp") or (precision.endswith("-mixed") and method.adapter == "none"):
         load = torch.float32  # trainable full fine-tuning weights stay fp32 under mixed precision; amp: all weights
     else:
         load = half  # frozen bases in half precision; bf16-pure: everything
