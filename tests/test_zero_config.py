@@ -42,6 +42,6 @@ def test_the_loop_keeps_autocast_inside_deepspeeds_engine_and_the_estimate_sizes
     m = bd.memory.set_index(["run", "phase", "category"]).bytes
     suffix = "-bf16-mixed"
     assert m["lora_zero3" + suffix, "peak", "gradients"] == pytest.approx(500_000_000 * 2, rel=0.001)  # bf16 bucket
-    assert m["full_zero2" + suffix, "peak", "temporaries"] > 2 * 2_000_000_000  # two fp32 buffers of 5e8
+    assert m["full_zero2" + suffix, "peak", "temporaries"] > 3_000_000_000  # two fp32 buffers of 5e8, not one
     p = bd.predicted[bd.predicted.category.isin(["peak", "activations"])]
     assert len(p) >= 4 and p.error.abs().max() < 0.01, p
