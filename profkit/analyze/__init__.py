@@ -426,6 +426,8 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
             # allocator's counters measure the peak the lifetimes split. On CPU, with neither, the export and the
             # lifetimes agree at the peak (within 0.14% on the micro and tiny matrices) and the export stays.
             m = own
+            if not run_dir.memory_timeline.is_file() and not record.timings.get("memory_timeline_error"):
+                notes.append("the profiler's memory timeline was not exported: nothing to compare the lifetimes with")
         if own is not None and (export is not None or allocator is not None):
             sources = compare_sources(export.rows if export is not None else None, own.rows, allocator)
             c.add("memory_sources", sources, src.run, method)

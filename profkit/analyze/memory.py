@@ -276,8 +276,9 @@ def analyze_lifetimes(record: RunRecord, lifetimes: Lifetimes, cpu_allocated: in
             measured_peak, source = at.bytes, "storage lifetimes"
         rows += [{"category": c, "phase": phase, "bytes": int(b)} for c, b in cats.items()]
         measured.append({"phase": phase, "measured_peak_bytes": int(measured_peak), "source": source})
-    notes = ["memory from the run's storage lifetimes: the profiler's memory timeline was not exported"
-             + (f" ({record.timings['memory_timeline_error']})" if record.timings.get("memory_timeline_error") else "")]
+    error = record.timings.get("memory_timeline_error")
+    notes = ["memory from the run's storage lifetimes" + (f": the profiler's memory timeline was not exported ({error})"
+                                                          if error else "")]
     if unseen:
         notes.append(f"the CPU allocator's count puts the peak {unseen:,} bytes above what the dispatcher saw "
                      f"({unseen / max(lifetimes.peak.bytes + unseen, 1):.1%} of it): allocated outside the dispatcher "
