@@ -306,15 +306,8 @@ def recorded_on(root: Path, runs: list[CheckRun]) -> dict:
             device, versions = m.get("device") or {}, m.get("versions") or {}
             gpu = {"name": device.get("name"), "total_memory_bytes": device.get("total_memory"),
                    "capability": device.get("capability"), "cuda": device.get("cuda")} if device.get("cuda") else None
-            return {"python": versions.get("python"), "torch": versions.get("torch"), "gpu": gpu,
-                    "checked_here": {"python": sys.version.split()[0], "torch": _torch_version()}}
+            return {"python": versions.get("python"), "torch": versions.get("torch"), "gpu": gpu}
     return {}
-
-
-def _torch_version() -> str:
-    import torch
-
-    return torch.__version__
 
 
 # --------------------------------------------------------------------------- checks
@@ -605,7 +598,7 @@ def run_part(args) -> int:
     # Only now: torch in this process would hold a CUDA context (memory) while the runs record.
     env = environment(json.loads(os.environ.get(INSTALLED_FLAG) or "[]"))
     if args.no_record:  # runs brought back from another machine: that machine is the one the figures describe
-        env = {**env, **recorded_on(root, runs)}
+        env = {**env, **recorded_on(root, runs), "checked_here": {"python": env["python"], "torch": env["torch"]}}
     print(f"torch {env['torch']} from {env['torch_path']}; profkit from {env['profkit_path']}; "
           f"GPU: {(env['gpu'] or {}).get('name', 'none')}", flush=True)
     results = check_runs(runs, root, args.device)

@@ -436,7 +436,7 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         c.add("measured", m.measured, src.run, method)
         peak = m.measured.loc[m.measured.phase == "peak", "measured_peak_bytes"]
         row["measured_peak_bytes"] = int(peak.iloc[0]) if len(peak) else None
-        cuda_peaks = record.peaks if "cuda_max_reserved" in record.peaks else {}
+        cuda_peaks = record.peaks if cuda else {}
         row.update(allocated_peak_bytes=cuda_peaks.get("cuda_max_allocated", row["measured_peak_bytes"]),
                    reserved_peak_bytes=cuda_peaks.get("cuda_max_reserved"),
                    activation_peak_bytes=m.activation_peak_bytes)
