@@ -47,6 +47,9 @@ def test_every_method_records(matrix, name):
     expected_batch = 1 if METHODS[name].kind == "infer" else get_preset("micro").batch_size
     assert manifest["run_settings"]["batch_size"] == expected_batch
     assert manifest["timings"]["step_time_s"] > 0 and manifest["timings"]["tokens_per_s"] > 0
+    # How long the run's threads waited for a CPU, from Linux's scheduler: a share, for the clean and profiled steps.
+    for share in ("cpu_wait_share", "profiled_cpu_wait_share"):
+        assert 0.0 <= manifest["timings"][share] <= 1.0, share
     assert manifest["phases_done"] == ["warmup", "timed", "time_profile", "memory_profile"]
     # The method as the live objects show it (peft, bitsandbytes, DeepSpeed) is the one the registry built.
     found, settings = manifest["model"]["found"], manifest["settings"]

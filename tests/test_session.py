@@ -5,9 +5,11 @@ same analysis as for profkit's own runs. Figures are checked against counts take
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import profkit
 from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
+from profkit.record.environment import cpu_wait_share, scheduler_times
 from profkit.store.manifest import SCHEMA_VERSION
 from tests.conftest import invoke, run_cli
 
@@ -403,3 +406,20 @@ def test_a_user_loop_under_autocast_over_fp32_weights_is_estimated_as_it_ran(tmp
     record = json.loads((session.path / "manifest.json").read_text())
     assert record["model"]["found"]["precision"] == "bf16-amp"
     assert record["estimate"]["settings"]["precision"] == "bf16-amp", record["estimate"].get("error")
+
+
+def test_the_scheduler_counts_the_wait_for_a_cpu():
+    """``cpu_wait_share`` reads what Linux's scheduler counted: with more busy processes than cores, this
+    process's threads wait for a CPU a large share of the time they are ready to run."""
+    assert cpu_wait_share({"1": (0, 0)}, {"1": (3, 1), "2": (3, 1)}) == 0.25  # a new thread counts from zero
+    assert cpu_wait_share(None, {"1": (3, 1)}) is None
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        time.sleep(0.2)
+        before, start = scheduler_times(), time.perf_counter()
+        while time.perf_counter() - start < 0.5:
+            pass
+        assert cpu_wait_share(before, scheduler_times()) > 0.2
+    finally:
+        for p in busy:
+            p.kill()

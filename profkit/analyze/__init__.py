@@ -25,7 +25,7 @@ from profkit.analyze.lifetimes import LifetimeEvents, attribute, read_lifetimes
 from profkit.analyze.memory import (MEMORY_CATEGORIES, SOURCES_COLUMNS, Timeline, analyze_lifetimes, analyze_memory,
                                     compare_sources, cpu_allocation_peak, disagreements, kv_cache_at, load_timeline,
                                     phase_windows)
-from profkit.analyze.disturbed import disturbance
+from profkit.analyze.disturbed import disturbance, profiled_contention
 from profkit.analyze.predicted import (PREDICTED_COLUMNS, PREDICTED_TIME_COLUMNS, predicted_time,
                                       predicted_vs_measured)
 from profkit.analyze.time import analyze_time
@@ -47,10 +47,11 @@ RUN_COLUMNS = ["run", "path", "recorded_by_profkit", "method", "kind", "engine",
                "profiled_steps", "coverage_cpu", "coverage_gpu", "measured_peak_bytes", "predicted_peak_bytes",
                "rank", "world_size", "first_step_start_us", "communication_exposed_s", "communication_overlapped_s",
                "other_threads_op_s", "clean_step_min_s", "clean_step_max_s", "profiled_step_min_s", "profiled_step_max_s",
+               "clean_cpu_wait_share", "profiled_cpu_wait_share",
                "repetition_of", "repetition", "ttft_median_s", "tpot_median_s", "tpot_p90_s", "kv_cache_bytes",
                "kv_cache_tokens", "device_name", "gpu", "model_flop_per_step", "hardware_flop_per_step",
                "flop_precision", "mfu", "hfu", "uncounted_time_fraction", "allocated_peak_bytes", "reserved_peak_bytes",
-               "activation_peak_bytes", "disturbed"]
+               "activation_peak_bytes", "disturbed", "profiled_contended"]
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,7 @@ def breakdown(paths: list[Path | str], jobs: int | None = None) -> Breakdown:
         c.notes[src.run] = notes
     for row in c.runs:
         row["disturbed"] = disturbance(row)
+        row["profiled_contended"] = profiled_contention(row)
     return Breakdown(
         runs=_runs_frame(c.runs), memory=c.frame("memory", MEMORY_COLUMNS), time=c.frame("time", TIME_COLUMNS),
         time_by_name=c.frame("time_by_name", TIME_BY_NAME_COLUMNS), measured=c.frame("measured"),
@@ -344,7 +346,9 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         timings = record.timings
         row.update(method=method, kind=record.kind, engine=record.engine, settings=record.settings,
                    status=record.status, reason=record.reason, device=record.device.get("type"),
-                   clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"))
+                   clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"),
+                   clean_cpu_wait_share=timings.get("cpu_wait_share"),
+                   profiled_cpu_wait_share=timings.get("profiled_cpu_wait_share"))
         if record.repetition is not None or src.path.name.startswith(store.REPETITION_PREFIX):
             row.update(repetition_of=src.path.parent.name, repetition=record.repetition)
         if record.kind == "infer":

@@ -5,7 +5,9 @@ claimed only when the two runs' spreads do not overlap: each run's range of valu
 every repetition of the run when it was recorded with ``--repeats`` (a fresh process each: the noise between
 processes, which the steps of one process cannot show). For the clean step, the ranges are those of the timed
 steps. For a time category, they are its host time in each profiled step, widened by the run's relative
-step-to-step spread of clean steps (one profiled step alone has no range). A range, not a standard error:
+step-to-step spread of clean steps (one profiled step alone has no range); where the run's threads waited for a
+CPU during its profiled steps (``disturbed.profiled_contention``), from zero up: another process's work only
+adds time, by an amount the trace cannot show. A range, not a standard error:
 conservative on purpose, since a noise read as an effect is the error this guards against. Two single
 recordings can still differ by process-to-process noise that neither shows; ``--repeats`` measures it.
 Pure pandas, from a Breakdown.
@@ -70,8 +72,17 @@ def _relative_spread(bd: Breakdown, run: str) -> tuple[float, float]:
     return min(times) / median, max(times) / median
 
 
+def contended(bd: Breakdown, run: str) -> str | None:
+    """Why ``run``'s profiled steps (or a repetition's) are upper bounds only, or None."""
+    runs = bd.runs.set_index("run")
+    if "profiled_contended" not in runs:
+        return None
+    return next((runs.loc[r, "profiled_contended"] for r in repetitions(bd, run)
+                 if isinstance(runs.loc[r, "profiled_contended"], str)), None)
+
+
 def _category_range(bd: Breakdown, run: str, category: str) -> tuple[float, float]:
-    values = []
+    values = [0.0] if contended(bd, run) else []
     for r in repetitions(bd, run):
         steps = bd.time_per_step[bd.time_per_step.run == r]
         n = int(steps.step.max()) + 1 if len(steps) else 0

@@ -44,7 +44,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from profkit import store
 from profkit.core.quiet import library_output
 from profkit.record import describe
-from profkit.record.environment import agree_on, device_info, device_of, world
+from profkit.record.environment import agree_on, cpu_wait_share, device_info, device_of, scheduler_times, world
 from profkit.record.generation import Generation
 from profkit.record.inventory import take_inventory
 from profkit.record.outcome import classify, unhandled_exception
@@ -127,6 +127,7 @@ class Session:
         self._world: tuple[int, int] | None = None  # (rank, world size) under torch.distributed, from start()
         self._lifetimes: MemoryCycleFollower | None = None
         self._predict = predict
+        self._scheduler: dict | None = None  # the threads' scheduler times when the current phase began
 
     # ------------------------------------------------------------------ public
 
@@ -293,8 +294,10 @@ class Session:
             torch.cuda.memory._record_memory_history(max_entries=CUDA_HISTORY_MAX_ENTRIES)
         elif self.phase == "timed":
             self._sync()
+            self._scheduler = scheduler_times()
             self._mark = time.perf_counter()
         elif self.phase == "time_profile":
+            self._scheduler = scheduler_times()
             self._labels.install()
             self._prof = self._profile(self.plan["time_profile"] - 1, self.run_dir.time_trace,
                                        record_shapes=True, with_flops=True)
@@ -310,6 +313,9 @@ class Session:
         elif phase == "timed":
             self._store_timings()
         elif phase in ("time_profile", "memory_profile"):
+            if phase == "time_profile" and self.record.timings:
+                # Before the profiler writes its trace: the profiled steps' own waits only.
+                self.record.timings["profiled_cpu_wait_share"] = cpu_wait_share(self._scheduler, scheduler_times())
             self._stop_profiler()
             if phase == "memory_profile":
                 self._end_memory_cycle()
@@ -319,7 +325,8 @@ class Session:
         median = statistics.median(self._times)
         tokens = self.tokens_per_step or (int(statistics.median(self._tokens)) if self._tokens else 0)
         self.record.timings = {"step_times_s": self._times, "step_time_s": median, "tokens_per_step": tokens,
-                               "tokens_per_s": tokens / median if median > 0 else None, "losses": self._losses}
+                               "tokens_per_s": tokens / median if median > 0 else None, "losses": self._losses,
+                               "cpu_wait_share": cpu_wait_share(self._scheduler, scheduler_times())}
         if self._generation is not None:
             self.record.timings.update(self._generation.timings(median))
 

@@ -389,6 +389,9 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
             pieces.append("no measurable time difference" + ("" if real else " in any category") +
                           (f" in {len(within)} other categories" if real else "") +
                           " (within the runs' step-to-step spread)")
+        contended = [(r, why) for r in (baseline, run) if (why := noise.contended(bd, r))]
+        if contended:  # their ranges reach down to zero, so only a difference larger than a whole value is claimed
+            pieces += [f"the category times of {r} are upper bounds only: {why}" for r, why in contended]
         clean = noise.clean_step(bd, baseline, run)
         if disturbed:  # the profiled steps' categories are still compared (their own spreads); the clean step not
             pieces.append(f"clean step not compared: the clean steps of {' and '.join(disturbed)} look disturbed"

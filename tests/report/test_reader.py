@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from profkit import store
 from profkit.analyze import breakdown
-from profkit.analyze.disturbed import disturbance
+from profkit.analyze.disturbed import disturbance, profiled_contention
 from profkit.analyze.glance import at_a_glance
 from profkit.analyze.measures import measure_pairs
 from profkit.cli import app
@@ -91,7 +91,8 @@ def _settle(run_dir) -> None:
     manifest = run_dir / store.MANIFEST
     record = json.loads(manifest.read_text())
     times = [0.9 * profiled] * len(record["timings"]["step_times_s"])
-    record["timings"].update(step_times_s=times, step_time_s=times[0])
+    record["timings"].update(step_times_s=times, step_time_s=times[0], cpu_wait_share=0.0,
+                             profiled_cpu_wait_share=0.0)
     manifest.write_text(json.dumps(record))
 
 
@@ -123,6 +124,11 @@ def test_disturbance_rules():
     assert "slower than its profiled steps" in disturbance({**quiet, "profiled_step_time_s": 0.08})
     assert "range from" in disturbance({**quiet, "clean_step_max_s": 0.09 * 1.5})
     assert disturbance({"clean_step_time_s": None, "profiled_step_time_s": float("nan")}) is None
+    assert "waited for a CPU for 12%" in disturbance({**quiet, "clean_cpu_wait_share": 0.12})
+    assert disturbance({**quiet, "clean_cpu_wait_share": 0.002, "profiled_cpu_wait_share": 0.5}) is None
+    assert profiled_contention({"profiled_cpu_wait_share": 0.002}) is None
+    assert "49% of the time they were ready to run in its profiled steps" in profiled_contention(
+        {"profiled_cpu_wait_share": 0.49})
 
 
 def test_a_bad_budget_is_a_usage_error(matrix):
