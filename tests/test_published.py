@@ -40,6 +40,8 @@ def _row(**changes):
     ({"method": "qlora", "quant_type": "4-bit (type not stated)"}, "4-bit type"),
     ({"offload": "activations"}, "offload"),
     ({"quant_type": "int8 (bnb LLM.int8, load_in_8bit: true)"}, "LoRA over int8 base weights: not modelled"),
+    ({"optimizer": "lora-fa (LoRA-FA optimizer)"}, "optimizer lora-fa: not one profkit estimates"),
+    ({"loss": "cut-cross-entropy (axolotl plugin)"}, "fused linear cross-entropy (cut-cross-entropy)"),
 ])
 def test_a_figure_whose_settings_are_not_stated_is_kept_with_its_reason(changes, reason):
     figure = read_figure(_row(**changes), MODELS)
@@ -50,7 +52,8 @@ def test_a_figure_whose_settings_are_not_stated_is_kept_with_its_reason(changes,
     ("<=512 (Alpaca2k, truncated)", 512, True), ("<=768 (truncation, padded per batch)", 768, True),
     ("1024 (max_length truncation; dataset mean 3234 tokens)", 1024, True),
     ("4096 max (alpaca, not packed; padded per batch)", 4096, True), ("2048 (packing True)", 2048, False),
-    ("2048 (packed)", 2048, False), ("512", 512, False), ("64 (max_length, padded)", 64, False)])
+    ("2048 (packed)", 2048, False), ("512", 512, False), ("64 (max_length, padded)", 64, False),
+    ("128 (prompt)", 128, False), ("8000 (prompt tokens)", 8000, False)])
 def test_a_length_capped_by_truncation_is_read_as_varying_up_to_the_cap(seq_len, length, varying):
     """Batches padded to their longest sample, truncated at a cap, peak at the cap, and their reserved memory is
     the estimate's for lengths that grow to it; packed or fixed lengths are one length."""
@@ -189,3 +192,15 @@ def test_allocated_plus_what_lies_outside_the_allocator_is_compared_as_such(tmp_
     e = estimate(figure.method, config_of(models[figure.model]), figure.batch_size, figure.seq_len,
                  new_tokens=figure.new_tokens)
     assert outside - allocated == sum(e.device_used()["outside_allocator"].values()) > 0
+
+
+def test_a_run_without_an_optimizer_step_is_estimated_as_stateless_and_said():
+    """A forward-and-backward benchmark holds no optimizer state: never estimated as AdamW."""
+    figure = read_figure(_row(optimizer="none (forward+backward only, no optimizer step)"), MODELS)
+    assert figure.method.optimizer == "sgd" and any("no optimizer step" in a for a in figure.assumed)
+
+
+def test_pure_fp16_is_estimated_as_pure_bf16_and_said():
+    figure = read_figure(_row(precision="fp16-pure (torch_dtype float16)"), MODELS)
+    assert figure.method.precision == "bf16-pure" and any("pure fp16 estimated as pure bf16" in a
+                                                           for a in figure.assumed)

@@ -59,13 +59,16 @@ def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
 # Its rows quote each source's own words for a setting; a figure is estimated only where every setting the estimate
 # needs is stated, and otherwise kept with the reason it is not (the settings a figure lacks are never guessed).
 
-# A fixed length: as stated, packed, or every sample padded to it ("64 (max_length, padded)").
-NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length|max_length, padded)\))?\s*$", re.I)
+# A fixed length: as stated, packed, every sample padded to it ("64 (max_length, padded)"), or a prompt's length.
+NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length|max_length, padded|prompt|prompt tokens)\))?\s*$",
+                    re.I)
 # Batches padded to their longest sample, truncated at a cap: "<=768 (truncation, ...)", "<=512 (..., truncated)",
 # "1024 (max_length truncation; dataset mean ...)", "4096 max (alpaca, not packed; padded per batch)".
 CAPPED = re.compile(r"^\s*(?:<=\s*(\d+)\b.*truncat|(\d+)\s*\(max_length truncation|(\d+)\s+max\b.*padded per batch)",
                     re.I)
 SHORT_PROMPT = 8
+# Losses computed from the hidden states chunk by chunk, the LM head inside: profkit's loss forms all hold the logits.
+FUSED_LOSSES = ("cut-cross-entropy", "liger-fused-linear-cross-entropy")
 # litgpt's and torchtune's names for the layers LoRA targets, as Hugging Face names them.
 LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "projection": ["o_proj"],
               "output_proj": ["o_proj"], "mlp": ["gate_proj", "up_proj", "down_proj"], "head": ["lm_head"],
@@ -179,13 +182,24 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason="the optimizer steps inside backward (not modelled)")
     if not optimizer:
         return Figure(None, model, reason="optimizer not stated")
-    settings: dict = {"optimizer": "paged-adamw-8bit" if "paged" in optimizer else
-                      "adamw-8bit" if "8bit" in optimizer else "adamw"}
+    if optimizer.startswith("none"):  # forward and backward only, as a benchmark of the two runs them
+        settings: dict = {"optimizer": "sgd"}
+        assumed.append("no optimizer step (forward and backward only) estimated as plain SGD, which holds no state "
+                       "and steps in place; the gradients taken as freed between steps (zero_grad(set_to_none=True))")
+    elif not re.search(r"adam", optimizer):
+        return Figure(None, model, reason=f"optimizer {r.optimizer.split(' (')[0]}: not one profkit estimates")
+    else:
+        settings = {"optimizer": "paged-adamw-8bit" if "paged" in optimizer else
+                    "adamw-8bit" if "8bit" in optimizer else "adamw"}
     if "paged" in optimizer and "8bit" not in optimizer:
         assumed.append("32-bit paged AdamW taken as the 8-bit paged one: both keep their state outside PyTorch's "
                        "allocator")
     if r.precision:
         settings["precision"] = r.precision.split(" ")[0]  # the value, without the source's explanation after it
+        if settings["precision"] == "fp16-pure":  # profkit trains pure in bf16 only; fp16 holds the same bytes
+            settings["precision"] = "bf16-pure"
+            assumed.append("pure fp16 estimated as pure bf16: every tensor the same size (2-byte weights, gradients "
+                           "and optimizer state), only the values differ")
     else:
         return Figure(None, model, reason="precision not stated")
     name = r.method + ("_gc" if checkpointing in ("true", "full") else "")
@@ -217,7 +231,11 @@ def read_figure(r, models: dict) -> Figure:
     config = models[model].get("config", {})
     if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
         return Figure(None, model, reason=MOE_4BIT)
-    own_loss = getattr(r, "loss", "")  # the source's own code computes the loss (a trainer that takes the logits)
+    # The source's own code computes the loss (a trainer that takes the logits), the form first, then its words.
+    own_loss = getattr(r, "loss", "").split(" (")[0].strip()
+    if own_loss in FUSED_LOSSES:
+        return Figure(None, model, reason=f"the loss is a fused linear cross-entropy ({own_loss}), which never holds "
+                      "the whole logits: not modelled")
     if own_loss:
         settings["loss"] = own_loss
         assumed.append(f"the loss as the source's own code computes it (--loss {own_loss})")
