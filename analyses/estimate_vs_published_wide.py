@@ -1,9 +1,10 @@
 """``profkit estimate`` against the wide published set (``tests/data/published/wide.csv``: 437 measured GPU peaks from
 13 projects, split by project into ``used`` and ``holdout`` before the estimator was changed, 184 ``fresh`` ones
-from 10 other projects, held out whole in session 19, and 49 ``fresh2`` ones gathered after that session's changes;
-sources in ``wide-sources.md``), written to ``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
+from 10 other projects, held out whole in session 19, 49 ``fresh2`` ones gathered after that session's changes,
+and 85 ``fresh3`` ones gathered in session 21 from 10 sources not cited before, added before any estimate of them
+was run; sources in ``wide-sources.md``), written to ``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
 
-Usage: python analyses/estimate_vs_published_wide.py used|holdout|fresh|fresh2
+Usage: python analyses/estimate_vs_published_wide.py used|holdout|fresh|fresh2|fresh3
 """
 
 from __future__ import annotations
