@@ -41,7 +41,6 @@ def _row(**changes):
     ({"offload": "activations"}, "offload"),
     ({"quant_type": "int8 (bnb LLM.int8, load_in_8bit: true)"}, "LoRA over int8 base weights: not modelled"),
     ({"optimizer": "lora-fa (LoRA-FA optimizer)"}, "optimizer lora-fa: not one profkit estimates"),
-    ({"loss": "cut-cross-entropy (axolotl plugin)"}, "fused linear cross-entropy (cut-cross-entropy)"),
 ])
 def test_a_figure_whose_settings_are_not_stated_is_kept_with_its_reason(changes, reason):
     figure = read_figure(_row(**changes), MODELS)
@@ -204,3 +203,9 @@ def test_pure_fp16_is_estimated_as_pure_bf16_and_said():
     figure = read_figure(_row(precision="fp16-pure (torch_dtype float16)"), MODELS)
     assert figure.method.precision == "bf16-pure" and any("pure fp16 estimated as pure bf16" in a
                                                            for a in figure.assumed)
+
+
+def test_a_fused_linear_cross_entropy_is_read_as_the_chunked_loss_and_said():
+    figure = read_figure(_row(loss="cut-cross-entropy (axolotl plugin)"), MODELS)
+    assert figure.method.loss == "chunked" and any("fused linear cross-entropy (cut-cross-entropy)" in a
+                                                   for a in figure.assumed)

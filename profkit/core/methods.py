@@ -17,7 +17,7 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-amp", "fp16-amp"
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
 ATTENTIONS = ("sdpa", "flash", "eager")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-LOSSES = ("fp32", "fp32-shifted", "logits-dtype")  # profkit.model.loss says what each computes
+LOSSES = ("fp32", "fp32-shifted", "logits-dtype", "chunked")  # profkit.model.loss says what each computes
 # generate() as transformers versions run it (profkit.predict.estimate says what each holds)
 PREFILL_LOGITS = ("last", "all", "all-fp32")
 KV_CACHES = ("dynamic", "tuples")
@@ -55,7 +55,7 @@ class Method:
     # To host memory: ZeRO-Offload's optimizer (+ params) or FSDP's CPUOffloadPolicy (params, gradients and step).
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     # The causal-LM loss as transformers 5 computes it, or as transformers 4 did (profkit.model.loss).
-    loss: Literal["fp32", "fp32-shifted", "logits-dtype"] = "fp32"
+    loss: Literal["fp32", "fp32-shifted", "logits-dtype", "chunked"] = "fp32"
     # generate(): the prompt pass computes logits at the last position only (transformers >= 4.45), or at every
     # position (before; Llama-family models also upcast them to fp32 in their forward: all-fp32); the KV cache is
     # updated in place layer by layer (>= 4.36), or each pass returns new tuples while the previous pass's live.
@@ -158,7 +158,9 @@ SETTINGS: dict[str, Setting] = {
     "loss": _setting("loss", "train", lambda v: f"loss-{v}", "--loss", "The causal-LM loss: fp32 (transformers "
                      ">= 4.49: an fp32 copy of the logits), fp32-shifted (4.46-4.48: and a shifted copy of that), "
                      "logits-dtype (a model's own loss before 4.49, GPT-2 and GPTBigCode among them: a shifted copy "
-                     "in the logits' dtype).", str, LOSSES),
+                     "in the logits' dtype), chunked (a fused linear cross-entropy, Liger's or Cut Cross-Entropy: "
+                     "the LM head and the loss a chunk of positions at a time, never the whole logits).", str,
+                     LOSSES),
     "prefill_logits": _setting("prefill_logits", "infer", lambda v: f"logits-{v}", "--prefill-logits",
                                "generate()'s prompt pass: logits at the last position (transformers >= 4.45), or "
                                "at every position (all; all-fp32: upcast in the forward, as Llama-family models did "

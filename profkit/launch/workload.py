@@ -69,6 +69,9 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
         # which turns DeepSpeed off: on CPU every rank would count itself as the only process.
         reason = ("the Trainer on several CPU ranks: accelerate, under the Trainer, sees one process per rank "
                   "unless use_cpu is set, and use_cpu turns DeepSpeed off; use --engine loop, or GPUs")
+    if not reason and settings.engine == "trainer" and method.loss == "chunked":
+        reason = ("--loss chunked through the Trainer: the Trainer's model computes the whole logits in its forward "
+                  "before the loss sees them; use --engine loop, or a Session in a loop of your own")
     if not reason:
         reason = setting_unsupported(method, device)
     if reason:

@@ -6,6 +6,10 @@ logits, the largest tensors of a short-sequence step.
 - ``fp32-shifted``: the same in transformers 4.46-4.48, which also copies the fp32 logits shifted by one.
 - ``logits-dtype``: transformers 4's models with a loss of their own (GPT-2, GPTBigCode, Falcon and others before
   4.49): a shifted copy of the logits, cross-entropy in their own dtype.
+- ``chunked``: a fused linear cross-entropy (Liger's, Cut Cross-Entropy, Unsloth's): the LM head and the loss run
+  over the final hidden states a chunk of positions at a time, so the whole logits never exist. Here each chunk runs
+  under activation checkpointing (recomputed in backward), with Liger's chunk size: as many positions as make a
+  chunk's logits about the size of the hidden states. Cut Cross-Entropy holds less still (blocks, not chunks).
 """
 
 from __future__ import annotations
@@ -13,13 +17,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch.utils.checkpoint import checkpoint
+
 from profkit.core.methods import LOSSES
+
+SHIFTED = tuple(f for f in LOSSES if f not in ("fp32", "chunked"))  # from the whole logits, the labels shifted
 
 
 def causal_lm_loss(model, batch: dict[str, torch.Tensor], form: str) -> torch.Tensor:
     """The loss of one batch (``input_ids``, ``labels``) computed as ``form`` computes it."""
     if form == "fp32":
         return model(**batch).loss
+    if form == "chunked":
+        return chunked_loss(model, batch["input_ids"], batch["labels"])
     # The outputs stay referenced while the loss runs, as in a model's own loss and in the Trainer's compute_loss:
     # the logits are live beside the loss' copies of them.
     outputs = model(**{k: v for k, v in batch.items() if k != "labels"})
@@ -30,8 +40,8 @@ def loss_of_logits(logits: torch.Tensor, labels: torch.Tensor, form: str,
                    num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Cross-entropy of ``logits`` against ``labels`` shifted by one, as the shifted forms compute it; over
     ``num_items`` labels when the Trainer counts them across accumulated batches, as transformers' loss does."""
-    if form not in LOSSES[1:]:
-        raise ValueError(f"loss form {form!r}: the shifted forms are {', '.join(LOSSES[1:])}")
+    if form not in SHIFTED:
+        raise ValueError(f"loss form {form!r}: the shifted forms over whole logits are {', '.join(SHIFTED)}")
     if form == "fp32-shifted":
         logits = logits.float()
     shifted = logits[..., :-1, :].contiguous()
@@ -39,6 +49,67 @@ def loss_of_logits(logits: torch.Tensor, labels: torch.Tensor, form: str,
     if num_items is None:
         return F.cross_entropy(shifted.view(-1, shifted.size(-1)), targets)
     return F.cross_entropy(shifted.view(-1, shifted.size(-1)), targets, reduction="sum") / num_items
+
+
+def _unwrapped(model):
+    """The causal LM inside DeepSpeed's engine and peft's wrapper (their forwards would compute the logits)."""
+    model = getattr(model, "module", model)  # DeepSpeed's engine
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def chunk_positions(positions: int, hidden: int, vocab: int) -> int:
+    """Liger's chunk size: as many positions as make one chunk's logits the size of the hidden states (vocab / hidden
+    chunks), rounded up to a power of two."""
+    chunks = -(-vocab // hidden)
+    return 1 << max(0, (-(-positions // chunks) - 1).bit_length())
+
+
+def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), targets, reduction="sum")
+
+
+def chunked_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The ``chunked`` form: the model's forward for the final hidden states, then ``hidden_cross_entropy``. The
+    forward is the whole model's (so DeepSpeed's, peft's and FSDP's hooks run as in any step), asked for the last
+    position's logits only; the decoder's output is taken as it leaves the decoder."""
+    causal = _unwrapped(model)
+    captured: dict[str, torch.Tensor] = {}
+
+    def keep(module, args, output) -> None:  # returning None leaves the output as it is
+        captured["hidden"] = output.last_hidden_state
+
+    hook = causal.get_decoder().register_forward_hook(keep)
+    try:
+        model(input_ids=input_ids, logits_to_keep=1)
+    finally:
+        hook.remove()
+    return hidden_cross_entropy(causal.get_output_embeddings(), captured.pop("hidden"), labels)
+
+
+def hidden_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the final hidden states a chunk at a time (``chunk_positions``), each chunk's logits
+    recomputed in backward rather than kept: the whole logits never exist. Holds a shifted copy of the hidden
+    states for backward (``shifted_hidden_bytes``)."""
+    shifted = hidden[:, :-1].reshape(-1, hidden.size(-1))  # a copy, as Liger's callers make
+    targets = labels[:, 1:].reshape(-1)
+    size = chunk_positions(shifted.size(0), shifted.size(1), head.weight.size(0))
+    total = sum(checkpoint(_chunk_loss, head, shifted[i:i + size], targets[i:i + size], use_reentrant=False)
+                for i in range(0, shifted.size(0), size))
+    return total / targets.numel()
+
+
+def chunked_bytes(hidden_shape: tuple[int, int, int], hidden_dtype: torch.dtype, vocab: int,
+                  logits_dtype: torch.dtype) -> dict[str, int]:
+    """What ``hidden_cross_entropy`` holds: ``saved``, the shifted copies of the hidden states and of the labels
+    (int64) that its chunks keep for backward; ``at_loss``, one chunk's logits and their fp32 copy while its loss runs; ``backward``, the gradient of
+    the hidden states (filled chunk by chunk) beside one recomputed chunk's logits, fp32 copy, saved log-softmax and
+    its two gradients."""
+    batch, seq, hidden = hidden_shape
+    positions = batch * (seq - 1)
+    chunk = min(chunk_positions(positions, hidden, vocab), positions) * vocab
+    saved = positions * (hidden * hidden_dtype.itemsize + 8)
+    return {"saved": saved, "at_loss": chunk * (logits_dtype.itemsize + 4),
+            "backward": saved + chunk * (logits_dtype.itemsize + 4 * 4)}
 
 
 def live_beside_logits(shape: tuple[int, int, int], logits_dtype: torch.dtype, form: str) -> dict[str, int]:

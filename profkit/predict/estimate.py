@@ -53,7 +53,7 @@ from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.core.units import human_bytes
 from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
-from profkit.model.loss import gradient_bytes, live_beside_logits, loss_of_logits
+from profkit.model.loss import chunked_bytes, gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import reduce_dtypes, zero3_linear, zero_buffers
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
@@ -333,17 +333,32 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     try:
         with contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 TargetDevice(target, autocast):
-            if loss == "fp32":  # as the model computes it
+            if loss == "chunked":  # the decoder only: the loss' chunks are checkpointed, so counted below
+                hidden = model.get_decoder()(input_ids=batch).last_hidden_state
+            elif loss == "fp32":  # as the model computes it
                 logits = model(input_ids=batch, labels=batch).logits
             else:
                 logits = model(input_ids=batch).logits
                 loss_of_logits(logits, batch, loss)
-        # The logits the loss reads: the LM head's output, or what the model makes of it (Gemma 2 soft-caps them).
-        at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
-        for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
-            at_loss[(name, 0)] = size
-        loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss, target if autocast else None)
-        del logits
+        if loss == "chunked":
+            head = model.get_output_embeddings()
+            held_by_loss = chunked_bytes(tuple(hidden.shape), hidden.dtype, head.weight.size(0),
+                                         autocast or head.weight.dtype)
+            by_region["after"] += held_by_loss["saved"]
+            at_loss[("a chunk's logits", 0)] = held_by_loss["at_loss"]
+            # A trainable LM head's weight gradient builds up chunk by chunk through the loss' backward: the sum so
+            # far beside the latest chunk's.
+            head_grad = head.weight.numel() * head.weight.element_size() if head.weight.requires_grad else 0
+            loss_backward = held_by_loss["backward"] + 2 * head_grad
+            del hidden
+        else:
+            # The logits the loss reads: the LM head's output, or what the model makes of it (Gemma 2 soft-caps
+            # them).
+            at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
+            for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
+                at_loss[(name, 0)] = size
+            loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss, target if autocast else None)
+            del logits
     finally:
         for h in handles:
             h.remove()
@@ -386,8 +401,12 @@ def _parameters(model, quantized: set[str], double_quant: bool, cpu_packed: bool
 def _loss_note(loss: str, logits: int, itemsize: int, autocast: bool = False) -> str:
     """Which loss the estimate took (``logits``: their element count), and what the others would hold."""
     gib = 2**30
-    chunked = (f"a chunked or fused cross-entropy (Liger's, torchtune's, litgpt's, Unsloth's) never holds the whole "
-               f"logits, up to {2 * logits * 4 / gib:,.2f} GiB less at the backward's peak")
+    chunked = (f"a fused linear cross-entropy (Liger's, Cut Cross-Entropy, Unsloth's: --loss chunked) never holds "
+               f"the whole logits, up to {2 * logits * 4 / gib:,.2f} GiB less at the backward's peak")
+    if loss == "chunked":
+        return (f"a fused linear cross-entropy (--loss chunked): the LM head and the loss a chunk of positions at a "
+                f"time, never the whole logits; transformers >= 4.49's loss (--loss fp32) would hold an fp32 copy of "
+                f"them ({logits * 4 / gib:,.2f} GiB) and two gradients of that size in backward")
     if loss == "fp32":
         return (f"the loss as transformers >= 4.49 computes it (--loss fp32), on an fp32 copy of the logits "
                 f"({logits * 4 / gib:,.2f} GiB) whose backward holds two gradients of that size: 4.46-4.48 also "

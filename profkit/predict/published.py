@@ -67,7 +67,7 @@ NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length|max_length,
 CAPPED = re.compile(r"^\s*(?:<=\s*(\d+)\b.*truncat|(\d+)\s*\(max_length truncation|(\d+)\s+max\b.*padded per batch)",
                     re.I)
 SHORT_PROMPT = 8
-# Losses computed from the hidden states chunk by chunk, the LM head inside: profkit's loss forms all hold the logits.
+# Losses computed from the hidden states chunk by chunk, the LM head inside: profkit's ``chunked`` form.
 FUSED_LOSSES = ("cut-cross-entropy", "liger-fused-linear-cross-entropy")
 # litgpt's and torchtune's names for the layers LoRA targets, as Hugging Face names them.
 LORA_NAMES = {"query": ["q_proj"], "key": ["k_proj"], "value": ["v_proj"], "projection": ["o_proj"],
@@ -234,8 +234,9 @@ def read_figure(r, models: dict) -> Figure:
     # The source's own code computes the loss (a trainer that takes the logits), the form first, then its words.
     own_loss = getattr(r, "loss", "").split(" (")[0].strip()
     if own_loss in FUSED_LOSSES:
-        return Figure(None, model, reason=f"the loss is a fused linear cross-entropy ({own_loss}), which never holds "
-                      "the whole logits: not modelled")
+        own_loss = "chunked"
+        assumed.append(f"the loss a fused linear cross-entropy ({r.loss.split(' (')[0]}), estimated with Liger's "
+                       "chunks (--loss chunked); Cut Cross-Entropy's blocks hold less still")
     if own_loss:
         settings["loss"] = own_loss
         assumed.append(f"the loss as the source's own code computes it (--loss {own_loss})")

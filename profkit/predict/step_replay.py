@@ -37,7 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from profkit.core.methods import Method
 from profkit.core.quiet import library_output
 from profkit.model.build import decoder_layers
-from profkit.model.loss import loss_of_logits
+from profkit.model.loss import chunked_loss, loss_of_logits
 from profkit.predict.allocator import CachingAllocator, OutOfMemory
 from profkit.predict.stand_ins import Target, TargetDevice, contiguous_batches
 
@@ -309,6 +309,8 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
                 with TargetDevice(target, autocast):  # one per forward, as autocast's cache of casts is
                     if method.loss == "fp32":
                         loss = model(input_ids=batch, labels=batch).loss
+                    elif method.loss == "chunked":
+                        loss = chunked_loss(model, batch, batch)
                     else:
                         loss = loss_of_logits(model(input_ids=batch).logits, batch, method.loss)
                 loss.backward()
