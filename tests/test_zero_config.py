@@ -4,11 +4,15 @@ loop's are DeepSpeed's defaults, the Trainer's are Hugging Face's "auto" sizes f
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers import AutoConfig
 
-from profkit.core.methods import get_method
+from profkit.core.methods import get_method, with_overrides
 from profkit.core.settings import RunSettings
-from profkit.model.build import meta_model, model_config
+from profkit.core.presets import get_preset
+from profkit.model.build import meta_model, model_config, plan
 from profkit.model.zero import zero_buffers
+from profkit.predict.estimate import estimate
 
 
 @pytest.mark.parametrize("stage", [2, 3])
@@ -45,3 +49,20 @@ def test_the_loop_keeps_autocast_inside_deepspeeds_engine_and_the_estimate_sizes
     assert m["full_zero2" + suffix, "peak", "temporaries"] > 3_000_000_000  # two fp32 buffers of 5e8, not one
     p = bd.predicted[bd.predicted.category.isin(["peak", "activations"])]
     assert len(p) >= 4 and p.error.abs().max() < 0.01, p
+
+
+@pytest.mark.parametrize("name", ["full_zero3", "lora_zero2"])
+def test_outside_profkits_loop_zero_with_mixed_precision_is_deepspeeds_half_engine(name):
+    """The Trainer's DeepSpeed config (bf16 "auto") and DeepSpeed's documented ones cast the module to half
+    precision and autocast nothing; profkit's loop keeps fp32 weights under autocast inside the engine. The
+    estimate follows each, and the Trainer's bf16 flag is set in both."""
+    method = with_overrides(get_method(name), precision="bf16-mixed")
+    loop, trainer = (plan(method, "cuda", torch.bfloat16, engine) for engine in ("loop", "trainer"))
+    assert (trainer.load_dtype, trainer.autocast) == (torch.bfloat16, None)
+    assert loop.autocast == torch.bfloat16 and trainer.mixed_dtype == loop.mixed_dtype == torch.bfloat16
+    assert any("DeepSpeed's bf16 engine" in n for n in trainer.notes)
+    config = AutoConfig.for_model(**get_preset("micro").config)
+    trainable = {engine: estimate(method, config, 2, 64, 1, "cuda", engine=engine).instants["forward"]
+                 for engine in ("loop", "trainer")}
+    if name.startswith("full"):  # fp32 weights in the loop, bf16 in DeepSpeed's engine
+        assert trainable["loop"]["parameters_trainable"] == 2 * trainable["trainer"]["parameters_trainable"]

@@ -132,7 +132,8 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
     ``fsdp_config`` (accelerate's plugin)."""
     blocks = token_blocks(tokenizer, settings)
     dataset = [{"input_ids": row, "labels": row} for row in blocks.clone()]
-    half = plan(method, device, engine="trainer").autocast  # accelerate sets its FSDP policy and autocast from it
+    # The Trainer's bf16/fp16 flags: accelerate sets its FSDP policy and autocast from them, DeepSpeed its engine.
+    half = plan(method, device, engine="trainer").mixed_dtype
     if method.zero_stage:
         init_zero_process_group(device)
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")

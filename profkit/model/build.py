@@ -141,6 +141,14 @@ class ModelPlan:
     fsdp_param_dtype: torch.dtype | None = None  # FSDP's mixed precision: the gathered parameters' dtype
     notes: tuple[str, ...] = ()
 
+    @property
+    def mixed_dtype(self) -> torch.dtype | None:
+        """The half dtype of a mixed or amp precision (what the Trainer's bf16/fp16 flags say), whoever applies it:
+        autocast, FSDP's policy or DeepSpeed's engine."""
+        if not self.precision.endswith(("-mixed", "-amp")):
+            return None
+        return torch.bfloat16 if self.precision.startswith("bf16") else torch.float16
+
 
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")  # the names configs give it
 
@@ -176,6 +184,13 @@ def plan(method: Method, device: str, half: torch.dtype | None = None, engine: s
     else:
         load = half  # frozen bases in half precision; bf16-pure: everything
     autocast = half if precision.endswith(("-mixed", "-amp")) else None
+    if method.zero_stage and method.kind == "train" and precision.endswith("-mixed") and engine != "loop":
+        # DeepSpeed's own half-precision engine, as the Trainer's "auto" config and DeepSpeed's documented configs
+        # enable it (bf16/fp16 "enabled"): the engine casts the module's parameters to half precision and runs no
+        # autocast; the fp32 master copy is its ZeRO optimizer's. profkit's loop runs autocast inside the engine.
+        load, autocast = half, None
+        notes.append(f"ZeRO with {precision} outside profkit's loop: DeepSpeed's {precision[:4]} engine, which casts "
+                     "the parameters to half precision and keeps the fp32 master copy in its ZeRO optimizer")
     fsdp_param_dtype = None
     if method.fsdp and autocast is not None:
         # FSDP's policy casts what it gathers. profkit's loop (torchtitan's way) runs no autocast beside it; the
