@@ -73,4 +73,5 @@ def test_the_chunked_loss_never_holds_the_whole_logits_and_the_trainer_refuses_i
     assert by_run["lora-bf16-pure"] - by_run["lora-bf16-pure-loss-chunked"] > fp32_logits, by_run
     assert peaks["lora-bf16-pure-loss-chunked"] < peaks["lora-bf16-pure"]
     refused = run_cli("record", "lora", "--loss", "chunked", "--engine", "trainer", *common)
-    assert refused.returncode == 3 and "the Trainer's model computes the whole logits" in refused.stdout + refused.stderr
+    said = refused.stdout + refused.stderr
+    assert refused.returncode == 3 and "the Trainer's model computes the whole logits" in said

@@ -101,9 +101,9 @@ def hidden_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, labels: to
 def chunked_bytes(hidden_shape: tuple[int, int, int], hidden_dtype: torch.dtype, vocab: int,
                   logits_dtype: torch.dtype) -> dict[str, int]:
     """What ``hidden_cross_entropy`` holds: ``saved``, the shifted copies of the hidden states and of the labels
-    (int64) that its chunks keep for backward; ``at_loss``, one chunk's logits and their fp32 copy while its loss runs; ``backward``, the gradient of
-    the hidden states (filled chunk by chunk) beside one recomputed chunk's logits, fp32 copy, saved log-softmax and
-    its two gradients."""
+    (int64) that its chunks keep for backward; ``at_loss``, one chunk's logits and their fp32 copy while its loss
+    runs; ``backward``, the gradient of the hidden states (filled chunk by chunk) beside one recomputed chunk's
+    logits, fp32 copy, saved log-softmax and its two gradients."""
     batch, seq, hidden = hidden_shape
     positions = batch * (seq - 1)
     chunk = min(chunk_positions(positions, hidden, vocab), positions) * vocab
