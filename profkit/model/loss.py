@@ -92,7 +92,8 @@ def hidden_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, labels: to
     states for backward (``shifted_hidden_bytes``)."""
     shifted = hidden[:, :-1].reshape(-1, hidden.size(-1))  # a copy, as Liger's callers make
     targets = labels[:, 1:].reshape(-1)
-    size = chunk_positions(shifted.size(0), shifted.size(1), head.weight.size(0))
+    # The vocabulary from the layer, not its weight, which ZeRO-3 keeps partitioned (empty) outside the call.
+    size = chunk_positions(shifted.size(0), shifted.size(1), head.out_features)
     total = sum(checkpoint(_chunk_loss, head, shifted[i:i + size], targets[i:i + size], use_reentrant=False)
                 for i in range(0, shifted.size(0), size))
     return total / targets.numel()

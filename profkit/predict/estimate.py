@@ -342,7 +342,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
                 loss_of_logits(logits, batch, loss)
         if loss == "chunked":
             head = model.get_output_embeddings()
-            held_by_loss = chunked_bytes(tuple(hidden.shape), hidden.dtype, head.weight.size(0),
+            held_by_loss = chunked_bytes(tuple(hidden.shape), hidden.dtype, head.out_features,
                                          autocast or head.weight.dtype)
             by_region["after"] += held_by_loss["saved"]
             at_loss[("a chunk's logits", 0)] = held_by_loss["at_loss"]
