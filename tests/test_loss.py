@@ -16,16 +16,21 @@ from profkit.predict.estimate import estimate
 from tests.conftest import invoke, recorded, run_cli
 
 
-@pytest.mark.parametrize("loss, engine, precision", [
-    *[(loss, "loop", "bf16-pure") for loss in LOSSES],
-    ("logits-dtype", "trainer", "auto"),  # the Trainer's compute_loss_func, fp32 on CPU: the shifted copy alone
-])
-def test_each_loss_form_is_recorded_and_estimated_alike(loss, engine, precision, tmp_path):
-    out = tmp_path / "traces"
-    result = run_cli("record", "full", "--preset", "micro", "--loss", loss, "--precision", precision, "--engine",
-                     engine, "--device", "cpu", "--warmup-steps", "0", "--steps", "1", "-o", str(out))
-    assert result.returncode == 0, recorded(result, out)
-    [run] = [p for p in out.iterdir() if p.is_dir()]
+LOOP = ["--preset", "micro", "--precision", "bf16-pure", "--device", "cpu", "--warmup-steps", "0", "--steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def full_by_loss(tmp_path_factory) -> dict:
+    """``full`` recorded through profkit's loop once per loss form (bf16-pure, micro)."""
+    out, runs = tmp_path_factory.mktemp("losses"), {}
+    for loss in LOSSES:
+        result = run_cli("record", "full", *LOOP, "--loss", loss, "-o", str(out / loss))
+        assert result.returncode == 0, recorded(result, out / loss)
+        [runs[loss]] = [p for p in (out / loss).iterdir() if p.is_dir()]
+    return runs
+
+
+def _recorded_and_estimated_alike(run, loss: str) -> None:
     assert (loss == "fp32") != (f"loss-{loss}" in run.name)  # the default leaves the name alone
     shown = run_cli("breakdown", str(run), "--format", "json")
     assert shown.returncode == 0, shown.stderr
@@ -37,6 +42,21 @@ def test_each_loss_form_is_recorded_and_estimated_alike(loss, engine, precision,
     assert compared["activations"]["phase"] == "forward"
     narrow = invoke("breakdown", str(run), env={"COLUMNS": "80"}).stdout  # a long run name at 80 columns
     assert "…" not in narrow and all(len(line) <= 80 for line in narrow.splitlines())
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_each_loss_form_is_recorded_and_estimated_alike(loss, full_by_loss):
+    _recorded_and_estimated_alike(full_by_loss[loss], loss)
+
+
+def test_the_trainers_loss_is_recorded_and_estimated_alike(tmp_path):
+    """The Trainer's compute_loss_func, fp32 on CPU: the shifted copy alone."""
+    out = tmp_path / "traces"
+    result = run_cli("record", "full", "--preset", "micro", "--loss", "logits-dtype", "--engine", "trainer",
+                     "--device", "cpu", "--warmup-steps", "0", "--steps", "1", "-o", str(out))
+    assert result.returncode == 0, recorded(result, out)
+    [run] = [p for p in out.iterdir() if p.is_dir()]
+    _recorded_and_estimated_alike(run, "logits-dtype")
 
 
 def test_under_autocast_the_notes_alternative_loss_holds_what_it_says():
@@ -54,28 +74,22 @@ def test_under_autocast_the_notes_alternative_loss_holds_what_it_says():
     assert abs(peaks["logits-dtype"] / peaks["fp32"] - 1) <= 0.01, peaks
 
 
-def test_the_chunked_loss_never_holds_the_whole_logits_and_the_trainer_refuses_it(tmp_path):
+def test_the_chunked_loss_never_holds_the_whole_logits_and_the_trainer_refuses_it(full_by_loss, tmp_path):
     """A fused linear cross-entropy: recorded through profkit's loop, its peak is below the fp32 form's by more
-    than the whole logits' fp32 copy (which it never makes); through the Trainer, whose model computes the whole
-    logits in its forward, it is refused with the reason (exit 3)."""
-    out = tmp_path / "traces"
-    common = ["--preset", "micro", "--precision", "bf16-pure", "--device", "cpu", "--warmup-steps", "0", "--steps",
-              "1", "-o", str(out)]
-    for loss in ("fp32", "chunked"):
-        result = run_cli("record", "lora", "--loss", loss, *common)
-        assert result.returncode == 0, recorded(result, out)
-    peaks = {run.name: json.loads((run / "manifest.json").read_text())["estimate"]["peak_bytes"]
-             for run in out.iterdir() if run.is_dir()}
-    by_run = breakdown([out]).runs.set_index("run").measured_peak_bytes
+    than the whole logits' fp32 copy (which it never makes), as estimated; it runs under ZeRO-3; through the
+    Trainer, whose model computes the whole logits in its forward, it is refused with the reason (exit 3)."""
+    runs = breakdown([full_by_loss["fp32"], full_by_loss["chunked"]]).runs.set_index("run")
+    whole, chunked = full_by_loss["fp32"].name, full_by_loss["chunked"].name
+    measured, predicted = runs.measured_peak_bytes, runs.predicted_peak_bytes
     config = AutoConfig.for_model(**get_preset("micro").config)
     batch, seq = get_preset("micro").batch_size, get_preset("micro").seq_len
     fp32_logits = batch * seq * config.vocab_size * 4
-    assert by_run["lora-bf16-pure"] - by_run["lora-bf16-pure-loss-chunked"] > fp32_logits, by_run
-    assert peaks["lora-bf16-pure-loss-chunked"] < peaks["lora-bf16-pure"]
+    assert measured[whole] - measured[chunked] > fp32_logits, measured
+    assert predicted[whole] - predicted[chunked] > fp32_logits, predicted
     # Under ZeRO-3 the LM head's weight is partitioned (empty) outside its call: the chunks still run.
-    zero3 = tmp_path / "zero3"
-    result = run_cli("record", "full_zero3", "--loss", "chunked", *common[:-1], str(zero3))
-    assert result.returncode == 0, recorded(result, zero3)
-    refused = run_cli("record", "lora", "--loss", "chunked", "--engine", "trainer", *common)
+    out = tmp_path / "traces"
+    result = run_cli("record", "full_zero3", *LOOP, "--loss", "chunked", "-o", str(out))
+    assert result.returncode == 0, recorded(result, out)
+    refused = run_cli("record", "lora", *LOOP, "--loss", "chunked", "--engine", "trainer", "-o", str(out))
     said = refused.stdout + refused.stderr
     assert refused.returncode == 3 and "the Trainer's model computes the whole logits" in said
