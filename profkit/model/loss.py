@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from torch.utils.checkpoint import checkpoint
 
 from profkit.core.methods import LOSSES
@@ -89,7 +88,7 @@ def chunked_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.
 def hidden_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the final hidden states a chunk at a time (``chunk_positions``), each chunk's logits
     recomputed in backward rather than kept: the whole logits never exist. Holds a shifted copy of the hidden
-    states for backward (``shifted_hidden_bytes``)."""
+    states and labels for backward (``chunked_bytes`` counts what it holds)."""
     shifted = hidden[:, :-1].reshape(-1, hidden.size(-1))  # a copy, as Liger's callers make
     targets = labels[:, 1:].reshape(-1)
     # The vocabulary from the layer, not its weight, which ZeRO-3 keeps partitioned (empty) outside the call.
