@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pandas as pd
 import pytest
 
 from profkit import store
@@ -87,6 +88,12 @@ def test_waiting_for_a_cpu_in_the_profiled_steps_makes_them_upper_bounds(matrix,
     (sentence,) = findings.delta_sentences(bd, "lora")
     assert "the category times of lora_gc are upper bounds only: its threads waited for a CPU for 50%" in sentence
     assert "recompute +" not in sentence
+    # The JSON carries the sentence, the threshold and the ranges behind it.
+    doc = json.loads(invoke("breakdown", str(tmp_path), "--baseline", "lora", "--format", "json").stdout)
+    against = doc["against_baseline"]
+    assert against["sentences"] == [sentence] and doc["thresholds"]["contended_wait_share"] == 0.1
+    (row,) = [r for r in against["time_differences"] if r["category"] == "recompute"]
+    assert row["run"] == "lora_gc" and row["measurable"] is False and row["run_low_s"] == 0.0
 
 
 @pytest.mark.parametrize("a, b, claimed", [((1.0, 2.0), (2.5, 3.0), True), ((1.0, 2.0), (1.9, 3.0), False),
@@ -105,3 +112,18 @@ def test_the_viewer_opens_each_repetition_of_a_repeated_run(repeated):
     state.open("lora/rep1", "memory")
     events = json.loads(state.current.read_text())["traceEvents"]
     assert any(e.get("ph") == "C" for e in events) and any(e.get("cat") == "profkit_phase" for e in events)
+
+
+def test_a_damaged_wait_share_is_named_and_left_out(matrix, tmp_path):
+    shutil.copytree(matrix / "lora_gc", tmp_path / "lora_gc")
+    manifest = tmp_path / "lora_gc" / store.MANIFEST
+    record = json.loads(manifest.read_text())
+    record["timings"].update(cpu_wait_share="abc", profiled_cpu_wait_share=1.7)
+    manifest.write_text(json.dumps(record))
+    bd = breakdown([tmp_path])
+    row = bd.runs.set_index("run").loc["lora_gc"]
+    assert pd.isna(row.clean_cpu_wait_share) and pd.isna(row.profiled_cpu_wait_share)
+    assert not isinstance(row.profiled_contended, str) and not noise.contended(bd, "lora_gc")
+    said = {p.message for p in bd.problems if p.path == manifest and not p.fatal}
+    assert said == {"timings.cpu_wait_share is 'abc', not a share between 0 and 1: left out",
+                    "timings.profiled_cpu_wait_share is 1.7, not a share between 0 and 1: left out"}

@@ -330,6 +330,19 @@ def _runs_frame(rows: list[dict]) -> pd.DataFrame:
     return frame.reindex(columns=RUN_COLUMNS + extra)
 
 
+def _share(timings: dict, key: str, manifest: Path, problems: list[Problem]) -> float | None:
+    """A share the manifest's timings hold (0 to 1), or None: absent (recorded before profkit read it, or where
+    Linux's scheduler counts are missing), or damaged, which is reported and left out."""
+    value = timings.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0:
+        return float(value)
+    problems.append(Problem(manifest, f"timings.{key} is {value!r}, not a share between 0 and 1: left out",
+                            fatal=False))
+    return None
+
+
 def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[str]) -> dict:
     row: dict = {"run": src.run, "path": str(src.path), "recorded_by_profkit": src.recorded}
     reported = len(problems)  # this run's problems are those appended from here on
@@ -347,8 +360,8 @@ def _analyse(src: Source, problems: list[Problem], c: _Collected, notes: list[st
         row.update(method=method, kind=record.kind, engine=record.engine, settings=record.settings,
                    status=record.status, reason=record.reason, device=record.device.get("type"),
                    clean_step_time_s=timings.get("step_time_s"), tokens_per_s=timings.get("tokens_per_s"),
-                   clean_cpu_wait_share=timings.get("cpu_wait_share"),
-                   profiled_cpu_wait_share=timings.get("profiled_cpu_wait_share"))
+                   clean_cpu_wait_share=_share(timings, "cpu_wait_share", run_dir.manifest, problems),
+                   profiled_cpu_wait_share=_share(timings, "profiled_cpu_wait_share", run_dir.manifest, problems))
         if record.repetition is not None or src.path.name.startswith(store.REPETITION_PREFIX):
             row.update(repetition_of=src.path.parent.name, repetition=record.repetition)
         if record.kind == "infer":

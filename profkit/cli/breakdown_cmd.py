@@ -49,7 +49,7 @@ def breakdown(
     out = Console()
     err = Console(stderr=True)
     if fmt is Format.json:
-        typer.echo(formats.to_json(bd, explain, budget_bytes))
+        typer.echo(formats.to_json(bd, explain, budget_bytes, baseline))
     elif fmt is Format.csv:
         typer.echo(formats.to_csv(bd), nl=False)
     elif fmt is Format.markdown:

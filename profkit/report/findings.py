@@ -361,12 +361,30 @@ def _idle(bd: Breakdown) -> list[tuple[str, float]]:
     return out
 
 
+def time_differences(bd: Breakdown, baseline: str) -> pd.DataFrame:
+    """Per run against ``baseline``, each time category's difference per profiled step, the two runs' ranges
+    (``analyze.noise``) and whether the difference exceeds them (``measurable``)."""
+    d = tables.deltas(bd, baseline)
+    d = d[d.kind == "time"]
+    tim = views.time_per_step(bd)
+    rows = []
+    for run, category, delta in zip(d.run, d.category, d.delta):
+        value_a, value_b = (tim.loc[r].get(category, 0.0) if r in tim.index else 0.0 for r in (baseline, run))
+        diff = noise.category(bd, baseline, run, category, 0.0 if pd.isna(value_a) else float(value_a),
+                              0.0 if pd.isna(value_b) else float(value_b))
+        rows.append({"run": run, "baseline": baseline, "category": category, "delta_s": delta,
+                     "measurable": diff.measurable, "baseline_low_s": diff.a_range[0],
+                     "baseline_high_s": diff.a_range[1], "run_low_s": diff.b_range[0], "run_high_s": diff.b_range[1]})
+    return pd.DataFrame(rows, columns=["run", "baseline", "category", "delta_s", "measurable", "baseline_low_s",
+                                       "baseline_high_s", "run_low_s", "run_high_s"])
+
+
 def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
     """Per run, its largest differences from ``baseline``: memory (exact, from the inventory and the timeline) and
     time, where a time difference counts only if it exceeds the spread measured in the same runs
-    (``analyze.noise``); the rest is said to be within the noise, with the band."""
+    (``time_differences``); the rest is said to be within the noise, with the band."""
     d = tables.deltas(bd, baseline)
-    tim = views.time_per_step(bd)
+    times = time_differences(bd, baseline)
     runs = bd.runs.set_index("run")
     out = []
     for run, g in d.groupby("run", sort=False):
@@ -376,18 +394,14 @@ def delta_sentences(bd: Breakdown, baseline: str, top: int = 3) -> list[str]:
         pieces += [f"{c} {signed_bytes(v)}" for c, v in zip(m.category, m.delta)]
         disturbed = [r for r in (baseline, run) if isinstance(runs.loc[r].get("disturbed"), str)] \
             if run in runs.index and baseline in runs.index else []
-        t = g[g.kind == "time"]
-        real, within = [], []
-        for c, v in zip(t.category, t.delta):
-            value_a, value_b = (tim.loc[r].get(c, 0.0) if r in tim.index else 0.0 for r in (baseline, run))
-            diff = noise.category(bd, baseline, run, c, 0.0 if pd.isna(value_a) else float(value_a),
-                                  0.0 if pd.isna(value_b) else float(value_b))
-            (real if diff.measurable else within).append((c, v))
-        real.sort(key=lambda x: -abs(x[1]))
+        t = times[times.run == run]
+        measurable = t.measurable.astype(bool)
+        real = sorted(zip(t.category[measurable], t.delta_s[measurable]), key=lambda x: -abs(x[1]))
+        within = int((~measurable).sum())
         pieces += [f"{c} {signed_ms(v)}" for c, v in real[:top]]
         if within:
             pieces.append("no measurable time difference" + ("" if real else " in any category") +
-                          (f" in {len(within)} other categories" if real else "") +
+                          (f" in {within} other categories" if real else "") +
                           " (within the runs' step-to-step spread)")
         contended = [(r, why) for r in (baseline, run) if (why := noise.contended(bd, r))]
         if contended:  # their ranges reach down to zero, so only a difference larger than a whole value is claimed

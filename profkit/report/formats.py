@@ -10,7 +10,7 @@ from dataclasses import asdict
 import pandas as pd
 
 from profkit.analyze import Breakdown, ranks
-from profkit.analyze.disturbed import WIDE_SPREAD
+from profkit.analyze.disturbed import CONTENDED_WAIT_SHARE, WIDE_SPREAD
 from profkit.analyze.glance import at_a_glance
 from profkit.analyze.measures import measure_pairs
 from profkit.analyze.views import explain, memory_at, primary_resource, time_per_step, time_shares
@@ -131,27 +131,35 @@ def _shares(key: str, share, total, run: str) -> dict:
             f"{key}_categories_total_s": float(total[run])}
 
 
-def to_document(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None) -> dict:
+def to_document(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None,
+                baseline: str | None = None) -> dict:
     """Everything the breakdown says, as one JSON-ready object: the at-a-glance table, the answers, the measure
-    pairs they quote, the findings ranked by size, the flagged runs, the inputs that could not be read, and each
-    run's record (``to_records``)."""
+    pairs they quote, the findings ranked by size, the flagged runs, the runs against ``baseline`` (the terminal's
+    comparison sentences, with the time differences and ranges behind them), the inputs that could not be read, and
+    each run's record (``to_records``)."""
+    baseline = baseline or tables.default_baseline(bd)
     return {
         "budget_bytes": budget_bytes,
-        "thresholds": {"nothing_fraction": NOTHING, "wide_spread_ratio": WIDE_SPREAD},
+        "thresholds": {"nothing_fraction": NOTHING, "wide_spread_ratio": WIDE_SPREAD,
+                       "contended_wait_share": CONTENDED_WAIT_SHARE},
         "at_a_glance": _rows(at_a_glance(bd, budget_bytes)),
         "answers": [{"question": a.question, "lead": a.lead, "points": list(a.points)}
                     for a in answers(bd, budget_bytes)],
         "measures": _rows(measure_pairs(bd)),
         "findings": [asdict(f) for f in findings.ranked(bd)],
         "flagged": findings.flags(bd),
+        "against_baseline": {"baseline": baseline,
+                             "sentences": findings.delta_sentences(bd, baseline) if baseline else [],
+                             "time_differences": _rows(findings.time_differences(bd, baseline)) if baseline else []},
         # What could not be read, and why (the terminal's "error:" and "warning:" lines).
         "problems": [{"path": str(p.path), "message": p.message, "fatal": p.fatal} for p in bd.problems],
         "runs": to_records(bd, explained),
     }
 
 
-def to_json(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None) -> str:
-    return json.dumps(to_document(bd, explained, budget_bytes), indent=2, default=_clean)
+def to_json(bd: Breakdown, explained: str | None = None, budget_bytes: int | None = None,
+            baseline: str | None = None) -> str:
+    return json.dumps(to_document(bd, explained, budget_bytes, baseline), indent=2, default=_clean)
 
 
 def to_csv(bd: Breakdown) -> str:
