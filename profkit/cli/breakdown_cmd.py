@@ -105,7 +105,8 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     shown = [col for col in columns if col in ("run", "status") or any(v != "-" for v in cells[col])]
     # A column is as wide as its widest value or header line: a header is never cut to "sta…" either.
     widths = {col: max(len(v) for v in [*cells[col], *col.split("\n")]) for col in shown}
-    label = _run_labels(list(bd.runs.run), out.width, sum(widths[c] + 1 for c in shown[1:]))
+    # Each column beyond the first costs its width, its padding and the box's divider between columns.
+    label = _run_labels(list(bd.runs.run), out.width, sum(widths[c] + 2 for c in shown[1:]))
     if any(label[r] != r for r in label):
         out.print("Runs are shown by number: a name would not fit the tables at this width.", highlight=False)
         for run, short in label.items():
