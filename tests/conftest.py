@@ -32,7 +32,7 @@ FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps"
 # stored fixtures. A test is end-to-end (marked ``e2e``) when it depends on a recording fixture, or records,
 # trains, installs or runs the command line in a subprocess itself.
 RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny",
-                      "fsdp_ranks"}
+                      "fsdp_ranks", "accumulated"}
 RECORDS = re.compile(r'run_cli\(|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
                      r'"install"|runner\.record|subprocess\.(run|Popen)\(|torchrun\(')
 
@@ -188,6 +188,16 @@ def fsdp_ranks() -> Path:
     return _recorded_in_background("fsdp_ranks")
 
 
+# Gradient accumulation through profkit's loop: unsharded, ZeRO-2, ZeRO-3 and FSDP2, each beside its matrix run.
+ACCUMULATED = ["full", "full_zero2", "full_zero3", "full_fsdp"]
+
+
+@pytest.fixture(scope="session")
+def accumulated() -> Path:
+    """``ACCUMULATED`` on micro with two micro-batches per optimizer step (``--grad-accum 2``)."""
+    return _recorded_in_background("accumulated")
+
+
 @pytest.fixture(scope="session")
 def tiny_training() -> Path:
     """The training methods on the default ``tiny`` preset: the estimator's accuracy targets are set there."""
@@ -199,6 +209,7 @@ BACKGROUND = {
     "matrix": ["--all", *FAST],
     "fsdp_ranks": [*FSDP_ON_TWO_RANKS, "--nproc", "2", "--preset", "micro", "--device", "cpu", "--warmup-steps", "1",
                    "--steps", "1", "--profiled-steps", "1"],
+    "accumulated": [*ACCUMULATED, "--grad-accum", "2", *FAST],
     "tiny_training": [*TINY_TRAINING, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
                       "--profiled-steps", "1"],
 }

@@ -20,7 +20,8 @@ from profkit.core.settings import RunSettings
 from profkit.core.units import parse_bytes
 from profkit.model.storage import storage_id
 from profkit.predict import estimate as estimate_module
-from profkit.predict.estimate import estimate, nf4_bytes
+from profkit.predict import recommend as ranking
+from profkit.predict.estimate import estimate, estimate_methods, nf4_bytes
 from tests.conftest import invoke, run_cli, TINY_TRAINING
 
 TRAINING = TINY_TRAINING  # what the tiny fixture records
@@ -79,9 +80,17 @@ def _estimate_json(*args):
     return {e["method"]: e for e in json.loads(result.stdout)}
 
 
-def test_estimate_all_on_the_3b_preset_counts_exactly():
+@pytest.fixture(scope="module")
+def estimates_3b():
+    """Every training method estimated on the 3B preset for a CUDA target, once for the tests that read them (the
+    reserved replays make it a minute)."""
+    settings = RunSettings.from_options({"preset": "llama-3.2-3b"}, method="").resolved()
+    return estimate_methods([m for m in METHODS.values() if m.kind == "train"], settings, "cuda")
+
+
+def test_estimate_all_on_the_3b_preset_counts_exactly(estimates_3b):
     cfg = get_preset("llama-3.2-3b").config
-    est = _estimate_json("--all", "--preset", "llama-3.2-3b")
+    est = {e.method: json.loads(json.dumps(e.to_json())) for e in estimates_3b}  # as --format json writes it
     assert sorted(est) == sorted(n for n, m in METHODS.items() if m.kind == "train")
     h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * cfg["head_dim"]
     layers, inter, vocab = cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
@@ -115,8 +124,8 @@ def test_nf4_bytes_follows_bitsandbytes_blocks():
     assert nf4_bytes((numel,), double_quant=True) == numel // 2 + 4096 + 4 + 16 * 4 + 1024 + 64
 
 
-def test_zero_partitions_across_ranks():
-    one = _estimate_json("lora_zero2", "lora_zero3", "--preset", "llama-3.2-3b")
+def test_zero_partitions_across_ranks(estimates_3b):
+    one = {e.method: e.to_json() for e in estimates_3b}
     four = _estimate_json("lora_zero2", "lora_zero3", "--preset", "llama-3.2-3b", "--world-size", "4")
     opt1 = one["lora_zero2"]["instants"]["forward"]["optimizer_state"]
     opt4 = four["lora_zero2"]["instants"]["forward"]["optimizer_state"]
@@ -153,11 +162,13 @@ def test_recommend_ranks_measured_runs_by_step_time(tiny_training):
     assert fitting.run.iloc[0] in rows[0]
 
 
-def test_recommend_without_runs_uses_the_estimate():
-    result = invoke("recommend", "--budget", "9GiB", "--preset", "llama-3.2-3b")
-    assert result.returncode == 0, result.stderr
-    assert "qlora_gc" in result.stdout and "estimated" in result.stdout
-    assert " full " not in result.stdout
+def test_recommend_without_runs_uses_the_estimate(estimates_3b):
+    ranked = ranking.rank(ranking.from_estimates(estimates_3b), parse_bytes("9GiB"))
+    fits = set(ranked[ranked.fits].method)
+    assert "qlora_gc" in fits and "full" not in fits and set(ranked.source) == {"estimated"}
+    # its peak is the reserved estimate on CUDA, what runs out
+    qlora_gc = next(e for e in estimates_3b if e.method == "qlora_gc")
+    assert ranked.set_index("method").peak_bytes["qlora_gc"] == qlora_gc.reserved()["bytes"]
 
 
 def test_recommend_when_nothing_fits_shows_the_closest(tiny_training):
@@ -173,8 +184,9 @@ def test_parse_bytes():
 
 
 def test_recommend_without_runs_orders_by_known_time_costs_not_by_peak():
-    """The larger-peak-first order put qlora_zero3 first on one GPU; fewer and lighter measures come first now."""
-    result = run_cli("recommend", "--budget", "24GB", "--preset", "llama-3.2-3b", env={"COLUMNS": "200"})
+    """The larger-peak-first order put qlora_zero3 first on one GPU; fewer and lighter measures come first now (on
+    micro every method fits, so the order is the measures' alone); the CLI end to end, in its own process."""
+    result = run_cli("recommend", "--budget", "24GB", "--preset", "micro", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     order = [line.split("│")[2].strip() for line in result.stdout.splitlines() if "│ estimated" in line]
     assert order[0] in ("full", "lora") and order.index("lora") < order.index("qlora_zero3_gc")

@@ -71,6 +71,8 @@ def test_analysis_imports_no_torch():
     ("lora", {"lora_targets": "all-linear,q_proj"}, "all-linear stands alone"),
     ("lora", {"lora_dropout": 1.5}, "--lora-dropout 1.5: outside [0, 0.99]"),
     ("lora", {"lora_rank": 0}, "--lora-rank 0: outside [1, ...)"),
+    ("infer_int4", {"grad_accum": 4}, "--grad-accum applies to training methods"),
+    ("full", {"grad_accum": 0}, "--grad-accum 0: outside [1, ...)"),
 ])
 def test_a_setting_that_makes_no_sense_for_the_method_is_refused(method, overrides, message):
     with pytest.raises(OverrideError, match=re.escape(message)):

@@ -61,6 +61,9 @@ class Method:
     # updated in place layer by layer (>= 4.36), or each pass returns new tuples while the previous pass's live.
     prefill_logits: Literal["last", "all", "all-fp32"] = "last"
     kv_cache: Literal["dynamic", "tuples"] = "dynamic"
+    # Micro-batches whose gradients are summed before each optimizer step: from the second on, the gradients
+    # (ZeRO's and FSDP's reduced partitions) are alive through forward and backward.
+    grad_accum: int = 1
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -80,7 +83,7 @@ class Method:
             out.pop("reshard_after_forward")
         if self.kind == "infer":
             for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
-                        "loss"):
+                        "loss", "grad_accum"):
                 out.pop(key, None)
         else:
             out.pop("prefill_logits")
@@ -161,6 +164,10 @@ SETTINGS: dict[str, Setting] = {
                      "in the logits' dtype), chunked (a fused linear cross-entropy, Liger's or Cut Cross-Entropy: "
                      "the LM head and the loss a chunk of positions at a time, never the whole logits).", str,
                      LOSSES),
+    "grad_accum": _setting("grad_accum", "train", lambda v: f"ga{v}", "--grad-accum", "Micro-batches of "
+                           "--batch-size accumulated into each optimizer step (each step trains on their sum; "
+                           "ZeRO and FSDP reduce every micro-batch's gradients into their shards).", int,
+                           minimum=1),
     "prefill_logits": _setting("prefill_logits", "infer", lambda v: f"logits-{v}", "--prefill-logits",
                                "generate()'s prompt pass: logits at the last position (transformers >= 4.45), or "
                                "at every position (all; all-fp32: upcast in the forward, as Llama-family models did "

@@ -101,25 +101,32 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
             zero["offload_optimizer"] = {"device": "cpu"}
             if method.offload == "optimizer+params":
                 zero["offload_param"] = {"device": "cpu"}
-        ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size, "gradient_accumulation_steps": 1,
+        ds_config = {"train_micro_batch_size_per_gpu": settings.batch_size,
+                     "gradient_accumulation_steps": method.grad_accum,
                      "zero_optimization": zero, "zero_allow_untested_optimizer": True,
                      "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
         ds_config.update(torch_autocast_config(autocast))
         engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
 
     def step() -> None:
-        batch = next(batches)
-        with _autocast(device, autocast):
-            loss = causal_lm_loss(engine or model, batch, method.loss)
-        if engine:
-            engine.backward(loss)
-            engine.step()
-        else:
-            loss.backward()
+        # One optimizer step over ``grad_accum`` micro-batches. DeepSpeed's engine counts them itself (its backward
+        # scales the loss, its step steps at the boundary only); FSDP2 reduce-scatters each micro-batch's gradients
+        # into the shards, as torchtitan and torchtune accumulate.
+        for _ in range(method.grad_accum):
+            batch = next(batches)
+            with _autocast(device, autocast):
+                loss = causal_lm_loss(engine or model, batch, method.loss)
+            if engine:
+                engine.backward(loss)
+                engine.step()
+            else:
+                (loss / method.grad_accum if method.grad_accum > 1 else loss).backward()
+        if not engine:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    return Workload(method, device, engine or model, optimizer, step, settings.batch_size * settings.seq_len)
+    return Workload(method, device, engine or model, optimizer, step,
+                    settings.batch_size * settings.seq_len * method.grad_accum)
 
 
 TRAINER_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "adamw_bnb_8bit", "paged-adamw-8bit": "paged_adamw_8bit",
@@ -139,6 +146,7 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
     out_dir = tempfile.mkdtemp(prefix="profkit-trainer-")
     args = TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,
+        gradient_accumulation_steps=method.grad_accum,
         learning_rate=method.learning_rate, lr_scheduler_type="constant", optim=TRAINER_OPTIM[method.optimizer],
         gradient_checkpointing=method.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,
@@ -161,7 +169,8 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    return Workload(method, device, model, None, None, settings.batch_size * settings.seq_len, run_loop)
+    return Workload(method, device, model, None, None, settings.batch_size * settings.seq_len * method.grad_accum,
+                    run_loop)
 
 
 def _inference_workload(method: Method, settings: RunSettings, device: str, tokenizer, model) -> Workload:

@@ -664,9 +664,17 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         # The fp32 master partition and the optimizer's state of that one flat tensor.
         optimizer_state = part * 4 + optimizer_state_bytes(method.optimizer, [part], 4) + step_bytes
         grads_partition = part * 4
+        # DeepSpeed sums each micro-batch's reduced gradients into a partition in the engine's model dtype (the
+        # trainable weights' here); on the host under offload.
+        summed_partition = 0 if method.offload != "none" else part * trainable_elem
+        accumulated = summed_partition
         if method.zero_stage == 3:
-            zero_persistent_grads = bucket
+            # Stage 3 allocates that partition once, at initialisation, and keeps it: alive at every instant
+            # (measured: a CPU recording of micro's full_zero3 holds it through forward and backward).
+            zero_persistent_grads = bucket + summed_partition
+            accumulated = zero_persistent_grads
             detail["zero3_reduce_bucket"] = bucket
+            detail["zero3_gradient_partition"] = summed_partition
             # Stage 3 partitions every parameter whose storage holds more elements than DeepSpeed's persistence
             # threshold (smaller ones stay whole on every rank) and, on more than one rank, gathers it into a fresh
             # buffer for each use: what ZeRO-3's linear saves of such a weight is that copy, held until backward.
@@ -698,7 +706,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         else:
             detail["zero2_reduce_bucket"] = bucket
             backward_temporaries += bucket
-        optimizer_grads = zero_persistent_grads + grads_partition
+        optimizer_grads = zero_persistent_grads - (summed_partition if method.zero_stage == 3 else 0) + grads_partition
         # DeepSpeed steps AdamW on one flat partition: the foreach path on CUDA makes one temporary of its
         # size, the single-tensor path on CPU two.
         optimizer_temporaries = part * 4 * (1 if target == "cuda" else 2)
@@ -707,6 +715,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                                                 trainable[0].element_size()) + \
             (step_bytes * len(trainable) if method.optimizer == "adamw" else 0)
         optimizer_grads = trainable_bytes
+        accumulated = trainable_bytes
         optimizer_temporaries = (0 if method.optimizer == "sgd" else
                                  trainable_bytes if target == "cuda" and method.optimizer == "adamw" else 2 * largest)
     host: dict[str, int] = {}
@@ -764,6 +773,21 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         detail.update(fsdp.detail, adamw_step_temporaries=fsdp.optimizer_temporaries)
         notes += fsdp.notes
         host = fsdp.host
+    if method.grad_accum > 1:
+        held = fsdp.gradients if fsdp else accumulated
+        detail["accumulated_gradients"] = held
+        for name in ("forward", "backward"):
+            instants[name]["gradients"] = max(instants[name].get("gradients", 0), held)
+        where = ("" if not (fsdp or method.zero_stage) else
+                 ", each micro-batch's reduced into the shards (FSDP2's default, as torchtitan and torchtune "
+                 "accumulate; FSDP1's no_sync, or set_requires_gradient_sync(False), would hold them unsharded "
+                 "instead)" if fsdp else
+                 " (ZeRO-3 keeps its gradient partition at every instant in any case)" if method.zero_stage == 3 else
+                 ", each micro-batch's reduced into ZeRO's partition")
+        summed = held - detail.get("zero3_reduce_bucket", 0)
+        notes.append(f"gradient accumulation over {method.grad_accum} micro-batches: from the second on, the "
+                     f"summed gradients ({human_bytes(summed)} per rank on the device) are alive through forward and "
+                     f"backward{where}")
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     replayer = None
     if target == "cuda" and not method.zero_stage:

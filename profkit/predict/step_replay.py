@@ -269,7 +269,7 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
                 compute_dtype: torch.dtype, sharding: ShardedStep | None = None,
                 capacity: int | None = None) -> AllocatorReplay:
     """Training steps of ``model`` (a meta model), one per sequence length in ``lengths``, with ``method``'s
-    checkpointing, loss and optimizer;
+    checkpointing, loss, gradient accumulation and optimizer;
     ``static_sizes``: each weight and buffer with the bytes it holds on the target (4-bit weights packed), in the
     order they are loaded; ``sharding``: FSDP's allocations on one rank, in place of the whole weights and the
     optimizer's step on them; ``capacity``: what the device gives the allocator, past which it releases its cache
@@ -303,20 +303,24 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
     try:
         with library_output(), stream, contiguous_batches():
             for seq_len in lengths:
-                batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+                # Under gradient accumulation the second micro-batch runs beside the first's gradients, as every
+                # later one does: two are the step's allocations.
+                for _ in range(min(method.grad_accum, 2)):
+                    batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
+                    if sharded:
+                        sharded.start_forward()
+                    with TargetDevice(target, autocast):  # one per forward, as autocast's cache of casts is
+                        if method.loss == "fp32":
+                            loss = model(input_ids=batch, labels=batch).loss
+                        elif method.loss == "chunked":
+                            loss = chunked_loss(model, batch, batch)
+                        else:
+                            loss = loss_of_logits(model(input_ids=batch).logits, batch, method.loss)
+                    loss.backward()
+                    del loss, batch
+                    if sharded:
+                        sharded.end_backward(trainable)
                 if sharded:
-                    sharded.start_forward()
-                with TargetDevice(target, autocast):  # one per forward, as autocast's cache of casts is
-                    if method.loss == "fp32":
-                        loss = model(input_ids=batch, labels=batch).loss
-                    elif method.loss == "chunked":
-                        loss = chunked_loss(model, batch, batch)
-                    else:
-                        loss = loss_of_logits(model(input_ids=batch).logits, batch, method.loss)
-                loss.backward()
-                del loss, batch
-                if sharded:
-                    sharded.end_backward(trainable)
                     sharded.optimizer_step()
                 elif optimizer is not None:
                     optimizer.step()

@@ -67,7 +67,17 @@ class PhaseLabels:
     def _label_optimizer(self) -> None:
         p = self.session.parts
         if p.engine is not None:
-            self._patch(p.engine, "step", self._wrap(p.engine.step, labels.OPTIMIZER, inventory=True))
+            stepped = self._wrap(p.engine.step, labels.OPTIMIZER, inventory=True)
+            original = p.engine.step
+            engine = p.engine
+
+            def step(*args, **kwargs):
+                # Under gradient accumulation the engine's step between micro-batches only counts them: the
+                # optimizer steps (and is labelled) at the boundary.
+                boundary = getattr(engine, "is_gradient_accumulation_boundary", lambda: True)()
+                return (stepped if boundary else original)(*args, **kwargs)
+
+            self._patch(p.engine, "step", step)
         elif isinstance(p.optimizer, torch.optim.Optimizer):
             self.handles.append(p.optimizer.register_step_pre_hook(lambda *a: self._optimizer_pre()))
             self.handles.append(p.optimizer.register_step_post_hook(lambda *a: self._optimizer_post()))

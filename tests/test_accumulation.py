@@ -1,0 +1,81 @@
+"""Gradient accumulation (``--grad-accum``): recorded through profkit's loop unsharded, with ZeRO-2, ZeRO-3 and
+FSDP2, and through the Trainer; estimated. From the second micro-batch on, the summed gradients are alive through
+forward and backward, so the peak rises by them, except under ZeRO-3, which keeps its gradient partition at every
+instant anyway."""
+
+import json
+
+import pytest
+
+from profkit.analyze import breakdown
+from profkit.core.methods import get_method, with_overrides
+from profkit.core.settings import RunSettings
+from profkit.predict.estimate import estimate_run
+from tests.conftest import ACCUMULATED, FAST, recorded, run_cli
+
+EXACT = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
+
+
+def _run(path):
+    bd = breakdown([path])
+    assert not bd.failed, bd.problems
+    return bd
+
+
+@pytest.mark.parametrize("name", ACCUMULATED)
+def test_accumulation_raises_the_peak_by_what_the_estimate_holds(matrix, accumulated, name):
+    once, twice = _run(matrix / name), _run(accumulated / f"{name}-ga2")
+    predicted = twice.predicted.set_index("category")
+    for category in EXACT:
+        row = predicted.loc[category]
+        assert row.predicted_bytes == row.measured_bytes, (category, row.to_dict())
+    runs = {"once": once.runs.iloc[0], "twice": twice.runs.iloc[0]}
+    for run in runs.values():
+        assert abs(run.predicted_peak_bytes / run.measured_peak_bytes - 1) <= 0.02, run[["run", "measured_peak_bytes",
+                                                                                           "predicted_peak_bytes"]]
+    measured = runs["twice"].measured_peak_bytes - runs["once"].measured_peak_bytes
+    estimated = runs["twice"].predicted_peak_bytes - runs["once"].predicted_peak_bytes
+    gradients = predicted.loc["gradients"].measured_bytes - (2_000_000_000 if name == "full_zero3" else 0)
+    # Unsharded, ZeRO-2 and FSDP2 at one rank: the whole gradients more; ZeRO-3: nothing more.
+    assert abs(measured - estimated) <= 0.02 * gradients, (measured, estimated, gradients)
+    assert (estimated == 0) == (name == "full_zero3"), estimated
+    manifest = json.loads((accumulated / f"{name}-ga2" / "manifest.json").read_text())
+    settings = manifest["run_settings"]
+    assert manifest["settings"]["grad_accum"] == 2
+    assert manifest["timings"]["tokens_per_step"] == 2 * settings["batch_size"] * settings["seq_len"]
+
+
+def test_the_trainer_accumulates_as_the_loop_does(tmp_path):
+    out = tmp_path / "traces"
+    result = run_cli("record", "lora", "--engine", "trainer", "--grad-accum", "2", *FAST, "-o", str(out))
+    assert result.returncode == 0, recorded(result, out)
+    run = _run(out / "lora-ga2-trainer").runs.iloc[0]
+    assert abs(run.predicted_peak_bytes / run.measured_peak_bytes - 1) <= 0.02, run.to_dict()
+    manifest = json.loads((out / "lora-ga2-trainer" / "manifest.json").read_text())
+    settings = manifest["run_settings"]
+    assert manifest["timings"]["tokens_per_step"] == 2 * settings["batch_size"] * settings["seq_len"]
+
+
+@pytest.mark.parametrize("name, world", [("full", 1), ("full_zero2", 4), ("full_zero3", 4), ("full_fsdp", 4),
+                                         ("lora_fsdp", 4)])
+def test_the_estimate_holds_the_summed_gradients_per_rank(name, world):
+    """On the 3B preset's meta model: what the second micro-batch runs beside, per rank, and the note that says so."""
+    settings = RunSettings(name, preset="llama-3.2-3b").resolved()
+    once = estimate_run(get_method(name), settings, "cuda", world)
+    twice = estimate_run(with_overrides(get_method(name), grad_accum=4), settings, "cuda", world)
+    assert twice.method == f"{name}-ga4"
+    stepped = once.instants["optimizer"]["gradients"]
+    held = {"full": stepped, "full_zero2": stepped, "full_fsdp": stepped, "lora_fsdp": stepped,
+            "full_zero3": once.instants["forward"]["gradients"]}[name]
+    for instant in ("forward", "backward"):
+        assert twice.instants[instant]["gradients"] == held
+    if name == "full_zero3":
+        # the partition DeepSpeed allocates at initialisation, alive whether it accumulates or not
+        assert once.detail["zero3_gradient_partition"] > 0 and twice.peak_bytes == once.peak_bytes
+    else:
+        assert twice.peak_bytes > once.peak_bytes
+    if name != "full":  # a rank's share, not the whole model's gradients
+        whole = estimate_run(get_method("full"), settings, "cuda").instants["optimizer"]["gradients"]
+        assert held < whole / 2 or name == "lora_fsdp"
+    (note,) = [n for n in twice.notes if n.startswith("gradient accumulation over 4 micro-batches")]
+    assert ("unsharded instead" in note) == name.endswith("fsdp")
