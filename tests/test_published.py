@@ -85,6 +85,18 @@ def test_stated_settings_become_the_method_and_assumptions_are_named():
     assert "not modelled" in read_figure(_row(offload="activations"), MODELS).reason
 
 
+def test_gradient_accumulation_is_read_and_an_unstated_one_is_named():
+    stated = read_figure(_row(grad_accum="8", method="full"), MODELS)
+    assert stated.method.grad_accum == 8 and stated.method.label.endswith("-ga8")
+    assert not any("accumulation" in a for a in stated.assumed)
+    one = read_figure(_row(grad_accum="1"), MODELS)
+    assert one.method.grad_accum == 1 and not any("accumulation" in a for a in one.assumed)
+    assert any("gradient accumulation not stated" in a for a in read_figure(_row(), MODELS).assumed)
+    fsdp1 = read_figure(_row(grad_accum="4", sharding="FSDP FULL_SHARD", gpu_count="2"), MODELS)
+    assert fsdp1.method.grad_accum == 4 and any("no_sync" in a for a in fsdp1.assumed)
+    assert "not a number" in read_figure(_row(grad_accum="auto"), MODELS).reason
+
+
 @pytest.mark.parametrize("stated, targets", [
     ("q_proj k_proj v_proj o_proj c_attn", ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn")),  # a command line's
     ("k_proj,q_proj+v_proj", ("k_proj", "q_proj", "v_proj")),

@@ -248,6 +248,18 @@ def read_figure(r, models: dict) -> Figure:
         if settings["loss"] != "fp32":
             assumed.append(f"the loss as transformers {r.transformers} computed it for {config['model_type']} "
                            f"(--loss {settings['loss']})")
+    accumulation = getattr(r, "grad_accum", "").strip()
+    if not accumulation:
+        assumed.append("gradient accumulation not stated: one micro-batch a step (more would keep the gradients "
+                       "alive through forward)")
+    elif not accumulation.isdigit():
+        return Figure(None, model, reason=f"gradient accumulation not a number ({accumulation})")
+    elif int(accumulation) > 1:
+        settings["grad_accum"] = int(accumulation)
+        if fsdp and "fsdp2" not in sharding.replace(" ", ""):
+            assumed.append("FSDP1's accumulation estimated as FSDP2's, each micro-batch reduced into the shards: "
+                           "under no_sync FSDP1 keeps each unit's gradient unsharded (a whole unit's where it holds "
+                           "a trainable parameter, with use_orig_params), which is not modelled")
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
