@@ -408,6 +408,32 @@ def test_a_user_loop_under_autocast_over_fp32_weights_is_estimated_as_it_ran(tmp
     assert record["estimate"]["settings"]["precision"] == "bf16-amp", record["estimate"].get("error")
 
 
+def test_a_user_loop_that_accumulates_is_counted_and_estimated_so(tmp_path):
+    """Two forwards and backwards per optimizer step: the session counts the micro-batches (the user says nothing)
+    and the estimate holds the summed gradients through the second, as measured."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**get_preset("micro").config))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    with profkit.Session(tmp_path / "accumulating", model, optimizer, **QUICK) as session:
+        while not session.done:
+            for _ in range(2):
+                ids = torch.randint(0, 4096, (2, 32))
+                (model(input_ids=ids, labels=ids).loss / 2).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            session.step()
+    record = json.loads((session.path / "manifest.json").read_text())
+    assert record["model"]["found"]["grad_accum"] == 2 and record["timings"]["tokens_per_step"] == 2 * 2 * 32
+    estimate = record["estimate"]
+    assert estimate["settings"]["method"]["grad_accum"] == 2, estimate.get("error")
+    gradients = 4 * sum(p.numel() for p in model.parameters())
+    assert estimate["instants"]["forward"]["gradients"] == gradients
+    run = breakdown([session.path]).runs.iloc[0]
+    assert abs(run.predicted_peak_bytes / run.measured_peak_bytes - 1) <= 0.02, run.to_dict()
+
+
 def test_the_scheduler_counts_the_wait_for_a_cpu():
     """``cpu_wait_share`` reads what Linux's scheduler counted: with more busy processes than cores, this
     process's threads wait for a CPU a large share of the time they are ready to run."""

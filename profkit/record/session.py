@@ -116,6 +116,9 @@ class Session:
         self._losses: list[float] = []
         self._tokens: list[int] = []
         self._tokens_now = 0
+        # Training forwards between two optimizer steps (a loop's gradient accumulation), per step.
+        self._forwards: list[int] = []
+        self._forwards_now = 0
         self._last_loss = None
         self._input_shape: tuple | None = None
         self._autocast = None  # the autocast dtype the model's first forward ran under
@@ -206,6 +209,9 @@ class Session:
             if self._last_loss is not None:
                 self._losses.append(float(self._last_loss.float().item()))
         self._tokens_now = 0
+        if self._forwards_now:
+            self._forwards.append(self._forwards_now)
+        self._forwards_now = 0
         self._last_loss = None
         self._in_phase += 1
         last = self._in_phase == self.plan[phase]
@@ -263,6 +269,8 @@ class Session:
                 if self._input_shape is not None:
                     precision = describe.precision_of(self.parts.model, self._autocast)
                     rec.model["found"]["precision"] = precision or "auto"  # auto: the estimate names its guess
+                if self._forwards:  # micro-batches a step: a loop's gradient accumulation, counted, not asked
+                    rec.model["found"]["grad_accum"] = max(1, int(statistics.median(self._forwards)))
                 with self._native_output():  # the estimator imports peft and bitsandbytes, which chatter
                     rec.estimate = self._estimate()
             self._write_record()
@@ -420,6 +428,7 @@ class Session:
                 ids = next((a for a in args if isinstance(a, torch.Tensor)), None)
             if isinstance(ids, torch.Tensor) and not ids.is_floating_point():
                 self._tokens_now += ids.numel()
+                self._forwards_now += 1
                 if self._input_shape is None and ids.dim() == 2:
                     self._input_shape = tuple(ids.shape)  # (batch, sequence): what the estimate needs
                     # Autocast as the forward runs (inside a DeepSpeed engine: as the engine left it): with the
