@@ -8,9 +8,11 @@ import json
 import pytest
 
 from profkit.analyze import breakdown
+from profkit.core.gpus import GPUS
 from profkit.core.methods import get_method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.predict.estimate import estimate_run
+from profkit.predict.step_time import predict_run
 from tests.conftest import ACCUMULATED, FAST, recorded, run_cli
 
 EXACT = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
@@ -79,3 +81,15 @@ def test_the_estimate_holds_the_summed_gradients_per_rank(name, world):
         assert held < whole / 2 or name == "lora_fsdp"
     (note,) = [n for n in twice.notes if n.startswith("gradient accumulation over 4 micro-batches")]
     assert ("unsharded instead" in note) == name.endswith("fsdp")
+
+
+@pytest.mark.parametrize("name, world", [("lora", 1), ("full_fsdp", 8), ("full_zero2", 8)])
+def test_the_step_time_repeats_forward_and_backward_not_the_optimizer(name, world):
+    gpu = GPUS["A100-SXM4-40GB"]
+    settings = RunSettings(name, preset="llama-3.2-3b")
+    once = predict_run(get_method(name), settings, gpu, world)
+    four = predict_run(with_overrides(get_method(name), grad_accum=4), settings, gpu, world)
+    for category, seconds in once.by_category.items():
+        factor = {"optimizer": 1.0, "communication": 2.5 if name == "full_zero2" else 4.0}.get(category, 4.0)
+        assert four.by_category[category] == pytest.approx(factor * seconds, rel=1e-6), category
+    assert four.tokens_per_s * four.seconds == pytest.approx(4 * once.tokens_per_s * once.seconds)

@@ -229,6 +229,12 @@ def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, wor
             calibration: Calibration | None = None) -> StepTime:
     cal = calibration or Calibration.load()
     ops = step_work(method, config, batch_size, seq_len)
+    if method.grad_accum > 1:
+        # Each micro-batch runs forward and backward again (and launches their ops again); the optimizer steps once.
+        attrs = dict(ops.attrs)
+        ops = pd.concat([ops[ops.phase != "optimizer"]] * method.grad_accum + [ops[ops.phase == "optimizer"]],
+                        ignore_index=True)
+        ops.attrs.update(attrs)
     notes = []
     device_s = ops.apply(lambda r: op_seconds(r.kind, r.flops, r.bytes, r.precision, gpu, cal, r.tiles, r.tile_flop,
                                               r.backward), axis=1)
@@ -263,7 +269,7 @@ def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, wor
     if method.zero_stage == 3 or method.fsdp:
         notes.append("parameter gathers and gradient reduce-scatters added to the step, not overlapped with compute "
                      "(an upper bound where the framework overlaps them)")
-    tokens = batch_size * seq_len
+    tokens = batch_size * seq_len * method.grad_accum
     return StepTime(method.name, gpu.key, seconds, tokens / seconds, by_category, float(ops.flops.sum()),
                     float(ops.model_flops.sum()), "host" if host > device else "device", notes,
                     lower_bound=method.offload != "none")
@@ -320,15 +326,17 @@ def _category(r) -> str:
 def communication_seconds(method: Method, ops: pd.DataFrame, gpu: Gpu, world_size: int) -> float:
     """Ring collectives over the GPU link: ZeRO-2 reduce-scatters the gradients and all-gathers the updated
     parameters; ZeRO-3 and FSDP all-gather the parameters for forward and again for backward and
-    reduce-scatter the gradients. Each moves (N-1)/N of the data per rank."""
+    reduce-scatter the gradients, for every micro-batch of an accumulating step. Each moves (N-1)/N of the data per
+    rank."""
     if world_size <= 1 or not method.sharded:
         return 0.0
     link = gpu.link_bytes_per_s or gpu.host_bytes_per_s
     if not link:
         return 0.0
     grads = ops.attrs["trainable"] * 2  # 16-bit gradients
+    micro = method.grad_accum
     if method.zero_stage == 2:
-        moved = grads + ops.attrs["trainable"] * 2
+        moved = micro * grads + ops.attrs["trainable"] * 2
     else:
-        moved = 2 * ops.attrs["weight_bytes"] + grads
+        moved = micro * (2 * ops.attrs["weight_bytes"] + grads)
     return moved * (world_size - 1) / world_size / link
