@@ -32,7 +32,7 @@ FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps"
 # stored fixtures. A test is end-to-end (marked ``e2e``) when it depends on a recording fixture, or records,
 # trains, installs or runs the command line in a subprocess itself.
 RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny",
-                      "fsdp_ranks", "accumulated"}
+                      "fsdp_ranks", "accumulated", "accumulated_unsynced"}
 RECORDS = re.compile(r'run_cli\(|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
                      r'"install"|runner\.record|subprocess\.(run|Popen)\(|torchrun\(')
 
@@ -188,14 +188,21 @@ def fsdp_ranks() -> Path:
     return _recorded_in_background("fsdp_ranks")
 
 
-# Gradient accumulation through profkit's loop: unsharded, ZeRO-2, ZeRO-3 and FSDP2, each beside its matrix run.
-ACCUMULATED = ["full", "full_zero2", "full_zero3", "full_fsdp"]
+# Gradient accumulation through profkit's loop: ZeRO-2, ZeRO-3 and FSDP2, each beside its matrix run (unsharded,
+# a user's loop: tests/test_session.py).
+ACCUMULATED = ["full_zero2", "full_zero3", "full_fsdp"]
 
 
 @pytest.fixture(scope="session")
 def accumulated() -> Path:
     """``ACCUMULATED`` on micro with two micro-batches per optimizer step (``--grad-accum 2``)."""
     return _recorded_in_background("accumulated")
+
+
+@pytest.fixture(scope="session")
+def accumulated_unsynced() -> Path:
+    """``full_fsdp`` at two ranks, two micro-batches a step, the first's gradients held unsharded (no_sync)."""
+    return _recorded_in_background("accumulated_unsynced")
 
 
 @pytest.fixture(scope="session")
@@ -210,6 +217,8 @@ BACKGROUND = {
     "fsdp_ranks": [*FSDP_ON_TWO_RANKS, "--nproc", "2", "--preset", "micro", "--device", "cpu", "--warmup-steps", "1",
                    "--steps", "1", "--profiled-steps", "1"],
     "accumulated": [*ACCUMULATED, "--grad-accum", "2", *FAST],
+    "accumulated_unsynced": ["full_fsdp", "--grad-accum", "2", "--grad-sync", "last", "--nproc", "2", "--preset",
+                             "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "1", "--profiled-steps", "1"],
     "tiny_training": [*TINY_TRAINING, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
                       "--profiled-steps", "1"],
 }

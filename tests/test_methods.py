@@ -73,6 +73,8 @@ def test_analysis_imports_no_torch():
     ("lora", {"lora_rank": 0}, "--lora-rank 0: outside [1, ...)"),
     ("infer_int4", {"grad_accum": 4}, "--grad-accum applies to training methods"),
     ("full", {"grad_accum": 0}, "--grad-accum 0: outside [1, ...)"),
+    ("full_fsdp", {"grad_sync": "last"}, "--grad-sync last: there is nothing to hold back without accumulation"),
+    ("full_zero3", {"grad_sync": "last", "grad_accum": 2}, "--grad-sync applies to FSDP methods"),
 ])
 def test_a_setting_that_makes_no_sense_for_the_method_is_refused(method, overrides, message):
     with pytest.raises(OverrideError, match=re.escape(message)):

@@ -21,6 +21,7 @@ LOSSES = ("fp32", "fp32-shifted", "logits-dtype", "chunked")  # profkit.model.lo
 # generate() as transformers versions run it (profkit.predict.estimate says what each holds)
 PREFILL_LOGITS = ("last", "all", "all-fp32")
 KV_CACHES = ("dynamic", "tuples")
+GRAD_SYNCS = ("each", "last")
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
 
 
@@ -64,6 +65,10 @@ class Method:
     # Micro-batches whose gradients are summed before each optimizer step: from the second on, the gradients
     # (ZeRO's and FSDP's reduced partitions) are alive through forward and backward.
     grad_accum: int = 1
+    # FSDP under accumulation: each micro-batch's gradients reduce-scattered into the shards (torchtitan's and
+    # torchtune's loops), or held unsharded until the last one's backward (no_sync, set_requires_gradient_sync(False):
+    # accelerate's accumulate(), so the Trainer's, and Lightning's).
+    grad_sync: Literal["each", "last"] = "each"
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -81,9 +86,10 @@ class Method:
             out.pop("offload")
         if not self.fsdp:
             out.pop("reshard_after_forward")
+            out.pop("grad_sync")
         if self.kind == "infer":
             for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
-                        "loss", "grad_accum"):
+                        "loss", "grad_accum", "grad_sync"):
                 out.pop(key, None)
         else:
             out.pop("prefill_logits")
@@ -168,6 +174,10 @@ SETTINGS: dict[str, Setting] = {
                            "--batch-size accumulated into each optimizer step (each step trains on their sum; "
                            "ZeRO and FSDP reduce every micro-batch's gradients into their shards).", int,
                            minimum=1),
+    "grad_sync": _setting("grad_sync", "fsdp", lambda v: f"sync-{v}", "--grad-sync", "FSDP under --grad-accum: "
+                          "each (every micro-batch's gradients reduce-scattered into the shards, as torchtitan and "
+                          "torchtune accumulate) or last (held unsharded until the last micro-batch: no_sync, as "
+                          "accelerate, so the Trainer, and Lightning accumulate).", str, GRAD_SYNCS),
     "prefill_logits": _setting("prefill_logits", "infer", lambda v: f"logits-{v}", "--prefill-logits",
                                "generate()'s prompt pass: logits at the last position (transformers >= 4.45), or "
                                "at every position (all; all-fp32: upcast in the forward, as Llama-family models did "
@@ -223,6 +233,9 @@ def with_overrides(method: Method, **overrides) -> Method:
                                 "the optimizer state (its step runs on the host); use optimizer+params")
         changes[field_name] = value
     changed = replace(method, **changes)
+    if changed.grad_sync != "each" and changed.grad_accum == 1:
+        raise OverrideError(f"--grad-sync {changed.grad_sync}: there is nothing to hold back without accumulation "
+                            "(add --grad-accum 2 or more)")
     parts = [s.label(getattr(changed, s.field)) for s in SETTINGS.values()
              if getattr(changed, s.field) != getattr(method, s.field)]
     return replace(changed, variant="-".join(parts))

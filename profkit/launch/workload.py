@@ -111,8 +111,11 @@ def build(method: Method, settings: RunSettings, device: str) -> Workload:
     def step() -> None:
         # One optimizer step over ``grad_accum`` micro-batches. DeepSpeed's engine counts them itself (its backward
         # scales the loss, its step steps at the boundary only); FSDP2 reduce-scatters each micro-batch's gradients
-        # into the shards, as torchtitan and torchtune accumulate.
-        for _ in range(method.grad_accum):
+        # into the shards (torchtitan's and torchtune's loops), or with --grad-sync last holds them unsharded until
+        # the last micro-batch (accelerate's no_sync).
+        for micro in range(method.grad_accum):
+            if method.fsdp and method.grad_sync == "last":
+                model.set_requires_gradient_sync(micro == method.grad_accum - 1)
             batch = next(batches)
             with _autocast(device, autocast):
                 loss = causal_lm_loss(engine or model, batch, method.loss)
@@ -147,6 +150,8 @@ def _trainer_workload(method: Method, settings: RunSettings, device: str, tokeni
     args = TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=settings.batch_size, max_steps=settings.total_steps,
         gradient_accumulation_steps=method.grad_accum,
+        # accelerate holds FSDP's gradients unsharded between micro-batches (no_sync) unless it syncs each batch
+        accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": method.grad_sync == "each"}},
         learning_rate=method.learning_rate, lr_scheduler_type="constant", optim=TRAINER_OPTIM[method.optimizer],
         gradient_checkpointing=method.gradient_checkpointing,
         gradient_checkpointing_kwargs={"use_reentrant": False} if method.gradient_checkpointing else None,

@@ -477,6 +477,7 @@ class _Fsdp:
     layer_grads: int  # a layer's unsharded gradients and its reduce-scatter input
     reshard: bool
     optimizer_temporaries: int
+    unsharded_gradients: int  # every trainable parameter's gradient whole (held between micro-batches by no_sync)
     detail: dict[str, int]
     notes: list[str]
     step: ShardedStep  # the same allocations, for the replay
@@ -587,7 +588,8 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
         optimizer_state=static["optimizer_state"], optimizer_temporaries=optimizer_temporaries, world=world,
         reshard=method.reshard_after_forward, staged=offloaded)
     return _Fsdp(static, host, gradients, detail["fsdp_root_gathered"], max(per_layer, default=0), sum(per_layer),
-                 root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, detail, notes, step)
+                 root_grads, layer_grads, method.reshard_after_forward, optimizer_temporaries, sum(reduced.values()),
+                 detail, notes, step)
 
 
 # --------------------------------------------------------------------------- the estimate
@@ -774,14 +776,18 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         notes += fsdp.notes
         host = fsdp.host
     if method.grad_accum > 1:
-        held = fsdp.gradients if fsdp else accumulated
+        unsynced = fsdp is not None and method.grad_sync == "last"
+        held = (fsdp.unsharded_gradients if unsynced else fsdp.gradients) if fsdp else accumulated
         detail["accumulated_gradients"] = held
         for name in ("forward", "backward"):
             instants[name]["gradients"] = max(instants[name].get("gradients", 0), held)
         where = ("" if not (fsdp or method.zero_stage) else
-                 ", each micro-batch's reduced into the shards (FSDP2's default, as torchtitan and torchtune "
-                 "accumulate; FSDP1's no_sync, or set_requires_gradient_sync(False), would hold them unsharded "
-                 "instead)" if fsdp else
+                 f", unsharded until the last micro-batch reduces them (--grad-sync last: no_sync, as accelerate "
+                 f"and Lightning accumulate; reduced into the shards each micro-batch, --grad-sync each, "
+                 f"{human_bytes(fsdp.gradients)})" if unsynced else
+                 f", each micro-batch's reduced into the shards (--grad-sync each, as torchtitan and torchtune "
+                 f"accumulate; held unsharded until the last, --grad-sync last as accelerate's no_sync, "
+                 f"{human_bytes(fsdp.unsharded_gradients)})" if fsdp else
                  " (ZeRO-3 keeps its gradient partition at every instant in any case)" if method.zero_stage == 3 else
                  ", each micro-batch's reduced into ZeRO's partition")
         summed = held - detail.get("zero3_reduce_bucket", 0)

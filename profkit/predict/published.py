@@ -256,10 +256,14 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=f"gradient accumulation not a number ({accumulation})")
     elif int(accumulation) > 1:
         settings["grad_accum"] = int(accumulation)
-        if fsdp and "fsdp2" not in sharding.replace(" ", ""):
-            assumed.append("FSDP1's accumulation estimated as FSDP2's, each micro-batch reduced into the shards: "
-                           "under no_sync FSDP1 keeps each unit's gradient unsharded (a whole unit's where it holds "
-                           "a trainable parameter, with use_orig_params), which is not modelled")
+        fsdp1 = "fsdp2" not in sharding.replace(" ", "")
+        if fsdp and (fsdp1 or "accelerate" in sharding):
+            # accelerate (the Trainer's) and Lightning accumulate under no_sync; torchtitan and torchtune reduce each
+            # micro-batch
+            settings["grad_sync"] = "last"
+            assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it"
+                           + (": FSDP1 holds a whole unit's gradient where the unit has a trainable parameter "
+                              "(use_orig_params), estimated per parameter as FSDP2 holds them" if fsdp1 else ""))
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for

@@ -184,6 +184,7 @@ class _ShardedAllocations:
         self.grad_shards: int | None = None
         self.done: list[torch.nn.Module] = []  # layers whose gradients were reduce-scattered this step
         self.optimizer_state: int | None = None
+        self.reduce = True  # False: a micro-batch under no_sync, whose unsharded gradients stay for the next
         self.handles = [h for i, layer in enumerate(self.layers) for h in (
             layer.register_forward_pre_hook(functools.partial(self._pre_forward, i)),
             layer.register_forward_hook(functools.partial(self._post_forward, i)),
@@ -225,6 +226,9 @@ class _ShardedAllocations:
         self._unshard(i - 1)  # FSDP2 prefetches the next layer backward runs
 
     def _post_backward(self, i, module, grad_input, grad_output):
+        if not self.reduce:
+            self.stream.release(self.gathered.pop(i))
+            return
         self._reduce_scatter(self.sharding.layer_grads[i])
         self.done.append(module)
         # the unsharded gradients, freed once reduced; the layers done before too, as autograd may accumulate a
@@ -235,9 +239,10 @@ class _ShardedAllocations:
         self.stream.release(self.gathered.pop(i))
 
     def end_backward(self, trainable: list) -> None:
-        self._reduce_scatter(self.sharding.root_grads)
-        for p in trainable:
-            p.grad = None
+        if self.reduce:
+            self._reduce_scatter(self.sharding.root_grads)
+            for p in trainable:
+                p.grad = None
         for handle in [self.root, self.flat, *self.gathered.values()]:
             if handle is not None:
                 self.stream.release(handle)
@@ -305,9 +310,11 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
             for seq_len in lengths:
                 # Under gradient accumulation the second micro-batch runs beside the first's gradients, as every
                 # later one does: two are the step's allocations.
-                for _ in range(min(method.grad_accum, 2)):
+                micro_batches = min(method.grad_accum, 2)
+                for micro in range(micro_batches):
                     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
                     if sharded:
+                        sharded.reduce = method.grad_sync == "each" or micro == micro_batches - 1
                         sharded.start_forward()
                     with TargetDevice(target, autocast):  # one per forward, as autocast's cache of casts is
                         if method.loss == "fp32":
