@@ -24,7 +24,7 @@ def full_by_loss(tmp_path_factory) -> dict:
     """``full`` recorded through profkit's loop once per loss form (bf16-pure, micro)."""
     out, runs = tmp_path_factory.mktemp("losses"), {}
     for loss in LOSSES:
-        result = run_cli("record", "full", *LOOP, "--loss", loss, "-o", str(out / loss))
+        result = invoke("record", "full", *LOOP, "--loss", loss, "-o", str(out / loss))
         assert result.returncode == 0, recorded(result, out / loss)
         [runs[loss]] = [p for p in (out / loss).iterdir() if p.is_dir()]
     return runs
@@ -32,7 +32,7 @@ def full_by_loss(tmp_path_factory) -> dict:
 
 def _recorded_and_estimated_alike(run, loss: str) -> None:
     assert (loss == "fp32") != (f"loss-{loss}" in run.name)  # the default leaves the name alone
-    shown = run_cli("breakdown", str(run), "--format", "json")
+    shown = invoke("breakdown", str(run), "--format", "json")
     assert shown.returncode == 0, shown.stderr
     compared = {r["category"]: r for r in json.loads(shown.stdout)["runs"][0]["predicted_vs_measured"]}
     assert abs(compared["activations"]["error"]) <= 0.001, compared["activations"]
@@ -90,6 +90,6 @@ def test_the_chunked_loss_never_holds_the_whole_logits_and_the_trainer_refuses_i
     out = tmp_path / "traces"
     result = run_cli("record", "full_zero3", *LOOP, "--loss", "chunked", "-o", str(out))
     assert result.returncode == 0, recorded(result, out)
-    refused = run_cli("record", "lora", *LOOP, "--loss", "chunked", "--engine", "trainer", "-o", str(out))
+    refused = invoke("record", "lora", *LOOP, "--loss", "chunked", "--engine", "trainer", "-o", str(out))
     said = refused.stdout + refused.stderr
     assert refused.returncode == 3 and "the Trainer's model computes the whole logits" in said

@@ -182,5 +182,5 @@ def test_a_configs_own_quirks_stay_off_the_terminal_and_a_long_sequence_exits_2(
             eos_token_id=50256).save_pretrained(tmp_path)
     ok = run_cli("estimate", "full_gc", "--model", str(tmp_path), "--seq-len", "64", "--batch-size", "1")
     assert ok.returncode == 0 and "[transformers]" not in ok.stderr + ok.stdout, ok.stderr
-    long = run_cli("estimate", "full_gc", "--model", str(tmp_path), "--seq-len", "65", "--batch-size", "1")
+    long = invoke("estimate", "full_gc", "--model", str(tmp_path), "--seq-len", "65", "--batch-size", "1")
     assert long.returncode == 2 and "at most 64 tokens" in " ".join(long.stderr.split())

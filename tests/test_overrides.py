@@ -103,7 +103,7 @@ def test_estimate_any_config_directory_with_settings(tmp_path):
 ])
 def test_settings_that_make_no_sense_exit_2(args, message, tmp_path):
     for command in (["record", *args, *FAST, "-o", str(tmp_path)], ["estimate", *args]):
-        out = run_cli(*command)
+        out = invoke(*command)
         assert out.returncode == 2 and message in out.stderr.replace("\n", " "), (command, out.stderr)
     assert not any(tmp_path.iterdir())
 

@@ -10,7 +10,7 @@ from profkit.analyze import breakdown
 from profkit.analyze.trace import load_trace
 from profkit.core.methods import METHODS
 from profkit.core.presets import get_preset
-from tests.conftest import FAST, recorded, run_cli
+from tests.conftest import FAST, invoke, recorded, run_cli
 
 MICRO = get_preset("micro").config
 
@@ -122,7 +122,7 @@ def test_unknown_method_exits_2_listing_valid_names(tmp_path):
 
 
 def test_methods_command_lists_every_method():
-    result = run_cli("methods", "--json")
+    result = invoke("methods", "--json")
     assert result.returncode == 0
     assert [m["name"] for m in json.loads(result.stdout)] == list(METHODS)
 
