@@ -63,6 +63,9 @@ def test_fsdp_under_no_sync_holds_the_unsharded_gradients_on_each_rank(accumulat
         assert sharded.peak_bytes / row.measured_peak_bytes - 1 < -0.05
         estimate = bd.records[f"{run}/rank{rank}"].estimate
         assert estimate["instants"]["forward"]["gradients"] == 2 * sharded.instants["forward"]["gradients"]
+        # measured as gradients (what the unit holds for the next micro-batch), not as a temporary
+        forward = bd.memory[(bd.memory.run == f"{run}/rank{rank}") & (bd.memory.phase == "forward")]
+        assert forward.set_index("category").bytes["gradients"] == estimate["instants"]["forward"]["gradients"]
 
 
 def test_the_trainer_accumulates_as_the_loop_does(tmp_path):

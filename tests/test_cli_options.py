@@ -41,7 +41,8 @@ SETTINGS_TO_TRY = [
                            "quant_type": "fp4", "double_quant": False, "precision": "bf16-mixed",
                            "optimizer": "sgd", "attention": "eager", "offload": "optimizer+params",
                            "kbit_upcast": False, "loss": "logits-dtype"}),
-    RunSettings(method="lora_fsdp", nproc=2, overrides={"reshard_after_forward": False, "offload": "optimizer+params"}),
+    RunSettings(method="lora_fsdp", nproc=2, overrides={"reshard_after_forward": False, "offload": "optimizer+params",
+                                                         "grad_accum": 4, "grad_sync": "last"}),
 ]
 
 

@@ -37,11 +37,8 @@ def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
-def unsharded_storages(model: torch.nn.Module) -> Iterator[torch.Tensor]:
-    """Tensors whose storages hold the gathered (unsharded) parameters of every FSDP unit: FSDP keeps one storage
-    per parameter and resizes it to the full size for each gather and to 0 after (``FSDPParam.all_gather_outputs``;
-    with tensor-subclass extensions, ``_unsharded_inner_tensors``). Private to torch, read defensively: a torch
-    that names them otherwise yields nothing, and the gathered bytes are then filed as what allocated them."""
+def _fsdp_param_groups(model: torch.nn.Module) -> Iterator:
+    """Every FSDP2 unit's parameter group (private to torch, read defensively: none where it is named otherwise)."""
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
@@ -50,7 +47,26 @@ def unsharded_storages(model: torch.nn.Module) -> Iterator[torch.Tensor]:
         if groups is None:
             group = getattr(state, "_fsdp_param_group", None)
             groups = [group] if group is not None else []
-        for group in groups:
-            for param in getattr(group, "fsdp_params", ()):
-                yield from getattr(param, "all_gather_outputs", ())
-                yield from getattr(param, "_unsharded_inner_tensors", ())
+        yield from groups
+
+
+def unsharded_storages(model: torch.nn.Module) -> Iterator[torch.Tensor]:
+    """Tensors whose storages hold the gathered (unsharded) parameters of every FSDP unit: FSDP keeps one storage
+    per parameter and resizes it to the full size for each gather and to 0 after (``FSDPParam.all_gather_outputs``;
+    with tensor-subclass extensions, ``_unsharded_inner_tensors``). Private to torch, read defensively: a torch
+    that names them otherwise yields nothing, and the gathered bytes are then filed as what allocated them."""
+    for group in _fsdp_param_groups(model):
+        for param in getattr(group, "fsdp_params", ()):
+            yield from getattr(param, "all_gather_outputs", ())
+            yield from getattr(param, "_unsharded_inner_tensors", ())
+
+
+def unsharded_parameters(model: torch.nn.Module) -> Iterator[tuple[torch.Tensor, object]]:
+    """FSDP2's unsharded parameters (what autograd accumulates a unit's gradients on, before its reduce-scatter),
+    each with its unit's parameter group, whose ``reduce_grads`` is False under no_sync
+    (``set_requires_gradient_sync(False)``). Private to torch, read defensively, as ``unsharded_storages``."""
+    for group in _fsdp_param_groups(model):
+        for param in getattr(group, "fsdp_params", ()):
+            tensor = getattr(param, "_unsharded_param", None)
+            if isinstance(tensor, torch.Tensor):
+                yield tensor, group

@@ -20,6 +20,7 @@ C++ extensions that allocate directly). On CUDA the allocator's own history cove
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import threading
@@ -32,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
-from profkit.model.storage import local_tensor, unsharded_storages
+from profkit.model.storage import local_tensor, unsharded_parameters, unsharded_storages
 from profkit.record.inventory import storage_owners
 from profkit.store import LIFETIME_EVENT_COLUMNS
 
@@ -184,6 +185,8 @@ class MemoryCycleFollower:
         self.tracker = StorageLifetimes(phase, existing)
         self.hooks = [p.register_post_accumulate_grad_hook(self._gradient)
                       for p in model.parameters() if p.requires_grad]
+        self.hooks += [p.register_post_accumulate_grad_hook(functools.partial(self._held_gradient, group))
+                       for p, group in unsharded_parameters(model) if p.requires_grad]
         # What the optimizer steps on are gradients too: ZeRO hands its inner optimizer a flat gradient
         # partition it made after backward, which no parameter's accumulate hook sees.
         stepping = inner_optimizer if inner_optimizer is not None else optimizer
@@ -209,6 +212,12 @@ class MemoryCycleFollower:
         local = local_tensor(grad)
         if local is not grad or sum(s.nbytes() for s in _storages(grad)) <= grad.numel() * grad.element_size():
             self.tracker.mark(grad, "gradients")
+
+    def _held_gradient(self, group, p: torch.Tensor) -> None:
+        # FSDP2 under no_sync keeps a unit's gradients unsharded until the last micro-batch: gradients. Reduced in
+        # this backward, they are its reduce-scatter's input, a temporary (as the estimate counts them).
+        if getattr(group, "reduce_grads", True) is False:
+            self._gradient(p)
 
     def _stepped_gradients(self, optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
         for group in optimizer.param_groups:
