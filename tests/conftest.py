@@ -218,7 +218,8 @@ BACKGROUND = {
                    "--steps", "1", "--profiled-steps", "1"],
     "accumulated": [*ACCUMULATED, "--grad-accum", "2", *FAST],
     "accumulated_unsynced": ["full_fsdp", "--grad-accum", "2", "--grad-sync", "last", "--nproc", "2", "--preset",
-                             "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "1", "--profiled-steps", "1"],
+                             "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
+                             "--profiled-steps", "1"],
     "tiny_training": [*TINY_TRAINING, "--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1",
                       "--profiled-steps", "1"],
 }
