@@ -35,6 +35,7 @@ def _row(**changes):
     ({"gradient_checkpointing": "selective (SAC)"}, "gradient checkpointing selective (SAC): not modelled"),
     ({"gpu_count": "4"}, "4 GPUs with sharding not stated"),
     ({"seq_len": "variable (alpaca, unpacked)"}, "sequence length not stated"),
+    ({"seq_len": "512 (max sequence length; padding not stated)"}, "stated as a maximum, not whether batches"),
     ({"gradient_checkpointing": ""}, "gradient checkpointing not stated"),
     ({"optimizer": "AdamW (optimizer_in_bwd)"}, "inside backward"),
     ({"method": "qlora", "quant_type": "4-bit (type not stated)"}, "4-bit type"),

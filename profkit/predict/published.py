@@ -136,6 +136,9 @@ def read_figure(r, models: dict) -> Figure:
                        "less change the peak by well under 0.1%)")
     elif seq:
         seq_len = int(seq.group(1))
+    elif re.match(r"\s*\d+\s*\(max", r.seq_len):  # a cap, but not whether batches were padded to it or packed
+        return Figure(None, model, reason=f"sequence length stated as a maximum, not whether batches were padded to "
+                                          f"it, to their longest sample or packed ({r.seq_len})")
     else:
         return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
     gpus = int(float(r.gpu_count or 1))
