@@ -668,15 +668,13 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         grads_partition = part * 4
         # DeepSpeed sums each micro-batch's reduced gradients into a partition in the engine's model dtype (the
         # trainable weights' here); on the host under offload.
-        summed_partition = 0 if method.offload != "none" else part * trainable_elem
-        accumulated = summed_partition
+        accumulated = 0 if method.offload != "none" else part * trainable_elem
         if method.zero_stage == 3:
             # Stage 3 allocates that partition once, at initialisation, and keeps it: alive at every instant
             # (measured: a CPU recording of micro's full_zero3 holds it through forward and backward).
-            zero_persistent_grads = bucket + summed_partition
-            accumulated = zero_persistent_grads
+            zero_persistent_grads = bucket + accumulated
             detail["zero3_reduce_bucket"] = bucket
-            detail["zero3_gradient_partition"] = summed_partition
+            detail["zero3_gradient_partition"] = accumulated
             # Stage 3 partitions every parameter whose storage holds more elements than DeepSpeed's persistence
             # threshold (smaller ones stay whole on every rank) and, on more than one rank, gathers it into a fresh
             # buffer for each use: what ZeRO-3's linear saves of such a weight is that copy, held until backward.
@@ -708,7 +706,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         else:
             detail["zero2_reduce_bucket"] = bucket
             backward_temporaries += bucket
-        optimizer_grads = zero_persistent_grads - (summed_partition if method.zero_stage == 3 else 0) + grads_partition
+        optimizer_grads = (bucket if method.zero_stage == 3 else 0) + grads_partition
         # DeepSpeed steps AdamW on one flat partition: the foreach path on CUDA makes one temporary of its
         # size, the single-tensor path on CPU two.
         optimizer_temporaries = part * 4 * (1 if target == "cuda" else 2)
@@ -779,8 +777,9 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         unsynced = fsdp is not None and method.grad_sync == "last"
         held = (fsdp.unsharded_gradients if unsynced else fsdp.gradients) if fsdp else accumulated
         detail["accumulated_gradients"] = held
-        for name in ("forward", "backward"):
-            instants[name]["gradients"] = max(instants[name].get("gradients", 0), held)
+        if method.zero_stage != 3:  # ZeRO-3's partition is counted at every instant already
+            for name in ("forward", "backward"):
+                instants[name]["gradients"] = instants[name].get("gradients", 0) + held
         where = ("" if not (fsdp or method.zero_stage) else
                  f", unsharded until the last micro-batch reduces them (--grad-sync last: no_sync, as accelerate "
                  f"and Lightning accumulate; reduced into the shards each micro-batch, --grad-sync each, "
@@ -790,9 +789,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                  f"{human_bytes(fsdp.unsharded_gradients)})" if fsdp else
                  " (ZeRO-3 keeps its gradient partition at every instant in any case)" if method.zero_stage == 3 else
                  ", each micro-batch's reduced into ZeRO's partition")
-        summed = held - detail.get("zero3_reduce_bucket", 0)
         notes.append(f"gradient accumulation over {method.grad_accum} micro-batches: from the second on, the "
-                     f"summed gradients ({human_bytes(summed)} per rank on the device) are alive through forward and "
+                     f"summed gradients ({human_bytes(held)} per rank on the device) are alive through forward and "
                      f"backward{where}")
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in instants.items()}
     replayer = None

@@ -142,7 +142,8 @@ def read_figure(r, models: dict) -> Figure:
     else:
         return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
     gpus = int(float(r.gpu_count or 1))
-    if fsdp and "fsdp2" not in sharding.replace(" ", ""):
+    fsdp1 = fsdp and "fsdp2" not in sharding.replace(" ", "")
+    if fsdp1:
         # FSDP1 flattens each unit's parameters into one buffer and shards that: the same bytes per rank as
         # FSDP2's per-parameter shards up to padding, and the same units gathered.
         assumed.append("FSDP1 estimated as FSDP2 (the same shards per rank up to padding, the same units gathered)")
@@ -259,8 +260,7 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=f"gradient accumulation not a number ({accumulation})")
     elif int(accumulation) > 1:
         settings["grad_accum"] = int(accumulation)
-        fsdp1 = "fsdp2" not in sharding.replace(" ", "")
-        if fsdp and (fsdp1 or "accelerate" in sharding):
+        if fsdp1 or (fsdp and "accelerate" in sharding):
             # accelerate (the Trainer's) and Lightning accumulate under no_sync; torchtitan and torchtune reduce each
             # micro-batch
             settings["grad_sync"] = "last"

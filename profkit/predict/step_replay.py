@@ -307,10 +307,10 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
             "context_fn": lambda: (contextlib.nullcontext(), TargetDevice(target, autocast))})
     try:
         with library_output(), stream, contiguous_batches():
+            # Under gradient accumulation the second micro-batch runs beside the first's gradients, as every later
+            # one does: two are the step's allocations.
+            micro_batches = min(method.grad_accum, 2)
             for seq_len in lengths:
-                # Under gradient accumulation the second micro-batch runs beside the first's gradients, as every
-                # later one does: two are the step's allocations.
-                micro_batches = min(method.grad_accum, 2)
                 for micro in range(micro_batches):
                     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
                     if sharded:
