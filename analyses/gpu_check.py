@@ -33,6 +33,7 @@ import gzip
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -218,8 +219,19 @@ def _status(run_dir: Path) -> str | None:
         return None
 
 
-def record_run(run: CheckRun, root: Path, preset: str, device: str) -> float:
-    """Record one run (kept if it already ended as it should: resumable); its wall seconds."""
+class DeadlineReached(KeyboardInterrupt):
+    """Raised in this process when --deadline-s passes with a run in flight: profkit's runner stops its worker as
+    it would on Ctrl-C, and the run is committed as interrupted, with the phases it completed."""
+
+
+def _raise_deadline(signum, frame) -> None:
+    raise DeadlineReached()
+
+
+def record_run(run: CheckRun, root: Path, preset: str, device: str, until: float | None = None) -> float:
+    """Record one run (kept if it already ended as it should: resumable); its wall seconds. ``until`` (a
+    ``time.perf_counter()`` value) stops a run still in flight then: on the first H100 inference run, torch's
+    memory-timeline export ran for over 6 minutes and took the whole device call with it."""
     from profkit.core.methods import get_method
     from profkit.core.settings import RunSettings
     from profkit.launch import runner
@@ -230,12 +242,34 @@ def record_run(run: CheckRun, root: Path, preset: str, device: str) -> float:
         return 0.0
     print(f"{run.name}: recording ({run.kind})", flush=True)
     t0 = time.perf_counter()
+    left = None if until is None else max(until - t0, 0.001)
     if run.kind == "record":
-        runner.record([get_method(run.method)], RunSettings(method=run.method, preset=preset, device=device,
-                                                            engine=run.engine), root, _Printer())
+        previous = signal.signal(signal.SIGALRM, _raise_deadline)
+        if left is not None:
+            signal.setitimer(signal.ITIMER_REAL, left)
+        try:
+            runner.record([get_method(run.method)], RunSettings(method=run.method, preset=preset, device=device,
+                                                                engine=run.engine), root, _Printer())
+        except KeyboardInterrupt:
+            if until is None or time.perf_counter() < until:
+                raise  # a person's Ctrl-C, not the deadline
+            print(f"{run.name}: stopped at the deadline (--deadline-s)", flush=True)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     else:  # its own process: a user's script, or one under an address-space limit
-        subprocess.run([sys.executable, __file__, run.kind, str(target), "--preset", preset, "--device", device,
-                        "--method", run.method], check=False)
+        proc = subprocess.Popen([sys.executable, __file__, run.kind, str(target), "--preset", preset, "--device",
+                                 device, "--method", run.method])
+        try:
+            proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:  # SIGTERM is its Ctrl-C (main): the run is committed as interrupted
+            print(f"{run.name}: stopped at the deadline (--deadline-s)", flush=True)
+            proc.terminate()
+            try:
+                proc.wait(timeout=runner.STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return time.perf_counter() - t0
 
 
@@ -355,13 +389,15 @@ def check_runs(runs: list[CheckRun], root: Path, device: str) -> list[dict]:
         row = row.iloc[0].to_dict() if row is not None and len(row) else {}
         record = b.records.get(row.get("run")) if b is not None and row else None
         r: dict = {"run": run.name, "kind": run.kind, "method": run.method, "engine": run.engine,
-                   "status": row.get("status"), "reason": row.get("reason"), "checks": []}
+                   "status": row.get("status"), "reason": row.get("reason"), "checks": [],
+                   "phases_done": record.phases_done if record is not None else None}
         checks = r["checks"]
 
         def check(what: str, ok: bool, detail: str = "") -> None:
             checks.append({"check": what, "ok": bool(ok), "detail": detail})
 
-        check(f"ends as {run.expected}", r["status"] == run.expected, f"status {r['status']}: {r['reason'] or ''}")
+        check(f"ends as {run.expected}", r["status"] == run.expected, f"status {r['status']}: {r['reason'] or ''}"
+              + (f"; phases done: {', '.join(r['phases_done']) or 'none'}" if r["phases_done"] is not None else ""))
         mine = [p for p in (b.problems if b is not None else []) if str(run_dir.path) in str(p.path)]
         fatal = [str(p) for p in mine if p.fatal]
         check("analysed by breakdown without a problem", not fatal and bool(row), "; ".join(fatal))
@@ -567,6 +603,8 @@ def markdown(summary: dict) -> str:
 def run_part(args) -> int:
     part_names = list(PARTS) if args.part == "all" else [args.part]
     runs = [r for p in part_names for r in PARTS[p] if not args.only or r.name in args.only]
+    if args.only:  # in the order given: what matters most first, while device time lasts
+        runs.sort(key=lambda r: args.only.index(r.name))
     if args.only and not runs:
         valid = ", ".join(r.name for p in PARTS.values() for r in p)
         print(f"--only {' '.join(args.only)}: no such run in part {args.part}; valid: {valid}", file=sys.stderr)
@@ -586,7 +624,7 @@ def run_part(args) -> int:
         if deadline is not None and not kept and time.perf_counter() + longest > deadline:
             out_of_time.append(run.name)
             continue
-        walls[run.name] = record_run(run, root, args.preset, args.device)
+        walls[run.name] = record_run(run, root, args.preset, args.device, deadline)
         longest = max(longest, walls[run.name])
     methods = [m for p in part_names for m in OVERHEAD[p] if not args.only or m in args.only]
     overheads = []
@@ -642,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--preset", default="gpu-check")
         p.add_argument("--runs", type=Path, default=ROOT / "traces" / "gpu-check")
         p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "traces" / "gpu-check-out"))
-        p.add_argument("--only", nargs="+", default=None, help="only these runs of the part (by name)")
+        p.add_argument("--only", nargs="+", default=None, help="only these runs of the part (by name), in this order")
         p.add_argument("--overhead-rounds", type=int, default=7, help="0: no overhead measurement")
         p.add_argument("--deadline-s", type=float, default=None,
                        help="start no run (nor the overhead measurement) that would end past this many seconds; "
@@ -672,6 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in install(args.wheels, args.site):
             print(f"{row['action']:7s} {row['file']}: {row['reason']}")
         return 0
+    if args.command in ("user-loop", "oom"):  # stopped at the deadline with SIGTERM: handled like Ctrl-C
+        signal.signal(signal.SIGTERM, _raise_deadline)
     if args.command == "user-loop":
         return user_loop(args.target, args.preset, args.device)
     if args.command == "oom":

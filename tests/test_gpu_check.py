@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,20 @@ def test_a_deadline_keeps_what_was_recorded(matrix, tmp_path):
     assert [o["method"] for o in summary["overhead"]] == ["full", "lora"]
     assert all("deadline" in o["error"][0] for o in summary["overhead"])
     assert [t.name for t in out.glob("runs-*.tar.gz")] == ["runs-train-1.tar.gz"]
+
+
+def test_a_run_in_flight_at_the_deadline_is_stopped_and_kept_as_interrupted(tmp_path):
+    """On the H100 an inference run sat in torch's memory-timeline export past the device call's limit, and the
+    call brought nothing back. A run still recording at --deadline-s is stopped as Ctrl-C would stop it: committed
+    as interrupted with the phases it finished, then checked and packed. (Half a second: no worker has imported
+    torch by then, so the run is always in flight.)"""
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    t0 = time.perf_counter()
+    code = gpu_check.main(["--device", "cpu", "--preset", "micro", "--part", "train", "--only", "full",
+                           "--overhead-rounds", "0", "--no-install", "--deadline-s", "0.5", "--pack-files", "1",
+                           "--runs", str(runs), "--out", str(out)])
+    assert code == 1 and time.perf_counter() - t0 < 120
+    (run,) = json.loads((out / "summary-train.json").read_text())["runs"]
+    assert run["status"] == "interrupted" and run["phases_done"] is not None
+    assert "phases done" in run["checks"][0]["detail"] and not run["checks"][0]["ok"]
+    assert (runs / "full" / "manifest.json").is_file()

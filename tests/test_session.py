@@ -449,3 +449,20 @@ def test_the_scheduler_counts_the_wait_for_a_cpu():
     finally:
         for p in busy:
             p.kill()
+
+
+def test_the_profilers_export_is_not_run_past_its_event_limit(tmp_path):
+    """torch's memory-timeline export grows faster than its events (an H100 inference cycle ran it for over 6
+    minutes): past the limit it is not run, and the reason names the count; under it, the timeline is written."""
+    from torch.profiler import profile as Profile
+
+    from profkit.record.session import export_memory_timeline
+
+    with Profile(profile_memory=True, record_shapes=True, with_stack=True) as p:
+        x = torch.ones(64, 64, requires_grad=True)
+        (x @ x).sum().backward()
+    events = len(p.profiler.kineto_results.events())
+    skipped, written = tmp_path / "skipped.raw.json.gz", tmp_path / "written.raw.json.gz"
+    reason = export_memory_timeline(p, skipped, "cpu", max_events=events - 1)
+    assert reason is not None and f"{events:,} profiler events" in reason and not skipped.exists()
+    assert export_memory_timeline(p, written, "cpu", max_events=events) is None and written.stat().st_size > 0

@@ -59,6 +59,11 @@ Predict = Callable[[Any, RunRecord, tuple[int, int], int, str], dict]
 
 # Enough allocator events for several steps of a 3B model; older events are dropped first.
 CUDA_HISTORY_MAX_ENTRIES = 200_000
+# torch's memory-timeline export grows faster than the profiler events it analyses (micro generating on CPU,
+# torch 2.15: 67k events 3.4 s, 254k 16.5 s, 504k 48 s); on an H100 an inference memory cycle of the gpu-check
+# preset (128 tokens generated) ran it for over 6 minutes without an end. Training cycles of that preset hold
+# ~100k. Past this many the export, a second opinion beside the storage lifetimes, is not run.
+MEMORY_TIMELINE_MAX_EVENTS = 300_000
 PHASES = ("warmup", "timed", "time_profile", "memory_profile")
 
 
@@ -349,14 +354,9 @@ class Session:
 
         def on_ready(p: profile) -> None:
             p.export_chrome_trace(str(run_dir.memory_trace))
-            # The profiler's categorized memory timeline: deprecated upstream, and its data-flow analysis sometimes
-            # asserts ("duplicate outputs", pytorch/pytorch#167838). The storage lifetimes are the run's own
-            # attribution; this export, while torch has it, is a second opinion compared with them.
-            try:
-                p.export_memory_timeline(str(run_dir.memory_timeline), device=device)
-            except Exception as exc:
-                self.record.timings["memory_timeline_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                run_dir.memory_timeline.unlink(missing_ok=True)
+            error = export_memory_timeline(p, run_dir.memory_timeline, device)
+            if error:
+                self.record.timings["memory_timeline_error"] = error
 
         self._labels.install()
         self._prof = self._profile(self.plan["memory_profile"] - 1, None, profile_memory=True,
@@ -483,3 +483,23 @@ class Session:
         rec.wall_s = time.perf_counter() - self._t0
         rec.files = self.run_dir.files()
         self.run_dir.write_manifest(rec.to_json())
+
+
+def export_memory_timeline(p: profile, path: Path, device: str,
+                           max_events: int = MEMORY_TIMELINE_MAX_EVENTS) -> str | None:
+    """Write the profiler's categorized memory timeline to ``path``; why it was not written, or None.
+
+    Deprecated upstream, its data-flow analysis sometimes asserts ("duplicate outputs", pytorch/pytorch#167838) and
+    its cost grows faster than the cycle's events (``MEMORY_TIMELINE_MAX_EVENTS``). The storage lifetimes are the
+    run's own attribution; this export, while torch has it and it ends in reasonable time, is a second opinion."""
+    results = getattr(p.profiler, "kineto_results", None)
+    events = len(results.events()) if results is not None else 0
+    if events > max_events:
+        return (f"not exported: {events:,} profiler events in the memory cycle, over {max_events:,}; torch's "
+                "export grows faster than its events (504k took 48 s on CPU; an H100 inference cycle over 6 min)")
+    try:
+        p.export_memory_timeline(str(path), device=device)
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        return f"{type(exc).__name__}: {str(exc)[:200]}"
+    return None
