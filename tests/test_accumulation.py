@@ -10,7 +10,9 @@ import pytest
 from profkit.analyze import breakdown
 from profkit.core.gpus import GPUS
 from profkit.core.methods import get_method, with_overrides
+from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
+from profkit.model.build import setting_unsupported
 from profkit.predict.estimate import estimate_run
 from profkit.predict.step_time import predict_run
 from tests.conftest import ACCUMULATED, FAST, recorded, run_cli
@@ -119,3 +121,36 @@ def test_the_step_time_repeats_forward_and_backward_not_the_optimizer(name, worl
         factor = {"optimizer": 1.0, "communication": 2.5 if name == "full_zero2" else 4.0}.get(category, 4.0)
         assert four.by_category[category] == pytest.approx(factor * seconds, rel=1e-6), category
     assert four.tokens_per_s * four.seconds == pytest.approx(4 * once.tokens_per_s * once.seconds)
+
+
+@pytest.mark.parametrize("name, world", [("lora_fsdp", 4), ("qlora_fsdp", 2), ("full_fsdp", 4)])
+def test_fsdp1_flat_units_hold_gradients_over_their_frozen_weights(name, world):
+    """--fsdp-flat (FSDP1, use_orig_params, a unit per decoder layer): a layer with LoRA in it computes its gradient
+    over all of its weights, frozen and 4-bit packed ones too; the root, with nothing trainable, holds none; full
+    fine-tuning trains every weight, so nothing changes. The optimizer state stays the adapters'. In pure bf16, as
+    FSDP1 needs one dtype per flat parameter (litgpt's runs)."""
+    settings = RunSettings(name, preset="llama-3.2-3b").resolved()
+    method = with_overrides(get_method(name), grad_accum=4, grad_sync="last", precision="bf16-pure")
+    per_parameter = estimate_run(method, settings, "cuda", world)
+    flat = estimate_run(with_overrides(method, fsdp_flat=True), settings, "cuda", world)
+    assert flat.method.endswith("-flat")
+    assert flat.instants["optimizer"]["optimizer_state"] == per_parameter.instants["optimizer"]["optimizer_state"]
+    if name == "full_fsdp":
+        assert flat.instants == per_parameter.instants and flat.peak_bytes == per_parameter.peak_bytes
+        return
+    layers = per_parameter.detail["fsdp_layer_gathered"] * get_preset(settings.preset).config["num_hidden_layers"]
+    frozen = flat.detail["fsdp_flat_frozen_gradients"]
+    # every layer's weights, a rank's shard of them (within padding), and nothing of the root (embeddings, head)
+    assert layers / world * 0.95 < frozen < layers / world * 1.05
+    sharded = flat.detail["fsdp_sharded_gradients"] - per_parameter.detail["fsdp_sharded_gradients"]
+    assert sharded == frozen
+    # no_sync holds them whole on each rank between micro-batches
+    held = flat.instants["forward"]["gradients"] - per_parameter.instants["forward"]["gradients"]
+    assert world * frozen * 0.95 < held < world * frozen * 1.05
+    assert flat.peak_bytes > per_parameter.peak_bytes
+    assert any(n.startswith("--fsdp-flat: FSDP1's flat parameters") for n in flat.notes)
+
+
+def test_fsdp1_flat_is_estimated_not_recorded():
+    reason = setting_unsupported(with_overrides(get_method("lora_fsdp"), fsdp_flat=True), "cpu")
+    assert reason and "FSDP2" in reason and "estimated" in reason

@@ -94,8 +94,16 @@ def test_gradient_accumulation_is_read_and_an_unstated_one_is_named():
     assert one.method.grad_accum == 1 and not any("accumulation" in a for a in one.assumed)
     assert any("gradient accumulation not stated" in a for a in read_figure(_row(), MODELS).assumed)
     fsdp1 = read_figure(_row(grad_accum="4", sharding="FSDP FULL_SHARD", gpu_count="2"), MODELS)
-    assert fsdp1.method.grad_accum == 4 and fsdp1.method.grad_sync == "last"
-    assert any("no_sync" in a and "per parameter" in a for a in fsdp1.assumed)
+    assert fsdp1.method.grad_accum == 4 and fsdp1.method.grad_sync == "last" and not fsdp1.method.fsdp_flat
+    assert any("no_sync" in a for a in fsdp1.assumed)
+    # use_orig_params with a unit per decoder layer: LoRA inside each layer makes its whole gradient (--fsdp-flat);
+    # without use_orig_params FSDP1 cannot mix frozen and trainable weights in a unit, so the stack wrapped them apart
+    lightning = read_figure(_row(grad_accum="4", gpu_count="2", sharding="FSDP1 FULL_SHARD (Lightning Fabric "
+                                 "FSDPStrategy: auto_wrap_policy {Block}, use_orig_params true)"), MODELS)
+    assert lightning.method.fsdp_flat and lightning.method.label.endswith("-flat")
+    assert any("--fsdp-flat" in a for a in lightning.assumed)
+    apart = read_figure(_row(gpu_count="2", sharding="FSDP1 (TRANSFORMER_BASED_WRAP, use_orig_params false)"), MODELS)
+    assert not apart.method.fsdp_flat
     own_loop = read_figure(_row(grad_accum="4", sharding="FSDP2 fully_shard x2", gpu_count="2"), MODELS)
     assert own_loop.method.grad_sync == "each"  # torchtitan's and torchtune's loops reduce every micro-batch
     assert "not a number" in read_figure(_row(grad_accum="auto"), MODELS).reason

@@ -69,6 +69,10 @@ class Method:
     # torchtune's loops), or held unsharded until the last one's backward (no_sync, set_requires_gradient_sync(False):
     # accelerate's accumulate(), so the Trainer's, and Lightning's).
     grad_sync: Literal["each", "last"] = "each"
+    # FSDP1 (FullyShardedDataParallel, use_orig_params=True) flattens each unit's parameters into one tensor: a unit
+    # with any trainable parameter holds a gradient for all of them, its frozen weights too (LoRA inside every
+    # decoder layer: gradients as large as the layers). Estimated, not recorded: profkit runs FSDP2.
+    fsdp_flat: bool = False
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -87,9 +91,10 @@ class Method:
         if not self.fsdp:
             out.pop("reshard_after_forward")
             out.pop("grad_sync")
+            out.pop("fsdp_flat")
         if self.kind == "infer":
             for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
-                        "loss", "grad_accum", "grad_sync"):
+                        "loss", "grad_accum", "grad_sync", "fsdp_flat"):
                 out.pop(key, None)
         else:
             out.pop("prefill_logits")
@@ -178,6 +183,10 @@ SETTINGS: dict[str, Setting] = {
                           "each (every micro-batch's gradients reduce-scattered into the shards, as torchtitan and "
                           "torchtune accumulate) or last (held unsharded until the last micro-batch: no_sync, as "
                           "accelerate, so the Trainer, and Lightning accumulate).", str, GRAD_SYNCS),
+    "fsdp_flat": _setting("fsdp_flat", "fsdp", lambda v: "flat" if v else "per-parameter", "--fsdp-flat",
+                          "FSDP1's flat parameters (FullyShardedDataParallel with use_orig_params): a unit with a "
+                          "trainable parameter holds gradients for all of its parameters, frozen ones too. Estimated, "
+                          "not recorded (profkit runs FSDP2).", bool),
     "prefill_logits": _setting("prefill_logits", "infer", lambda v: f"logits-{v}", "--prefill-logits",
                                "generate()'s prompt pass: logits at the last position (transformers >= 4.45), or "
                                "at every position (all; all-fp32: upcast in the forward, as Llama-family models did "

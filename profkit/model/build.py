@@ -426,6 +426,9 @@ def setting_unsupported(method: Method, device: str) -> str | None:
         return ("--prefill-logits and --kv-cache describe how transformers before 4.45 and 4.36 ran generate(); the "
                 "installed transformers runs it one way, so these settings are estimated (profkit estimate), not "
                 "recorded")
+    if method.fsdp_flat:
+        return ("--fsdp-flat describes FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params); profkit "
+                "runs FSDP2 (fully_shard), so this setting is estimated (profkit estimate), not recorded")
     if method.offload != "none" and device == "cpu":
         return "--offload moves state from the GPU to host memory; on CPU everything is in host memory already"
     if method.attention == "flash" and device == "cuda":

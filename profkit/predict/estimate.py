@@ -518,6 +518,14 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
     grads_unsharded: dict[int, int] = {}  # id -> its unsharded gradient and reduce-scatter input, bytes
     shard_sizes: list[int] = []  # each parameter's shard on the device, then the buffers, in load order
     reduced: dict[int, int] = {}  # id -> what its reduce-scatter takes in, bytes
+    layers = decoder_layers(model)
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    # FSDP1's flat parameters: a unit (a decoder layer, or the root's remainder) with any trainable parameter
+    # computes and reduces one gradient over all of its parameters.
+    units = [list(layer.parameters()) for layer in layers] + [[p for p in names.values() if id(p) not in in_layers]]
+    flat_units = [unit for unit in units if method.fsdp_flat and any(p.requires_grad for p in unit)]
+    whole = {id(p) for unit in flat_units for p in unit}
+    flat_frozen = 0  # the frozen weights' share of those gradients (sharded)
     for name, prm in names.items():
         if name in quantized:
             # bitsandbytes packs two 4-bit values per byte into the frozen weights' dtype (the quant storage)
@@ -528,6 +536,11 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
             static["parameters_quantized"] += packed_shard + state  # the quantization state is not sharded
             unsharded[id(prm)] = packed_shard * world
             shard_sizes.append(packed_shard + state)
+            if id(prm) in whole:  # the packed storage is part of the flat parameter, and of its gradient
+                reduced[id(prm)] = packed_shard * world
+                grads_unsharded[id(prm)] = packed_shard * world
+                gradients += packed_shard
+                flat_frozen += packed_shard
             continue
         numel = _shard_numel(tuple(prm.shape), world)
         size = prm.element_size()
@@ -535,24 +548,24 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
                     and prm.is_floating_point() else size)
         unsharded[id(prm)] = numel * world * gathered
         shard_sizes.append(numel * size)
-        if prm.requires_grad:
+        if prm.requires_grad or id(prm) in whole:
             reduced[id(prm)] = numel * world * (reduce_size or gathered)
-            static["parameters_trainable"] += numel * size
             gradients += numel * size
-            shards.append(numel)
             grads_unsharded[id(prm)] = numel * world * (gathered + (reduce_size or 0))
+        if prm.requires_grad:
+            static["parameters_trainable"] += numel * size
+            shards.append(numel)
         else:
             static["parameters_frozen"] += numel * size
+            flat_frozen += numel * size if id(prm) in whole else 0
     static["parameters_frozen"] += sum(b.numel() * b.element_size() for b in model.buffers())  # not sharded
     trainable_size = next((p.element_size() for p in names.values() if p.requires_grad), 4)
     step_bytes = (4 if target == "cpu" else 0) * len(shards) if method.optimizer == "adamw" else 0
     static["optimizer_state"] = optimizer_state_bytes(method.optimizer, shards, trainable_size) + step_bytes
     largest = max(shards, default=0) * trainable_size
-    optimizer_temporaries = (0 if method.optimizer == "sgd" else gradients if target == "cuda" and
+    optimizer_temporaries = (0 if method.optimizer == "sgd" else gradients - flat_frozen if target == "cuda" and
                              method.optimizer == "adamw" else 2 * largest)
 
-    layers = decoder_layers(model)
-    in_layers = {id(p) for layer in layers for p in layer.parameters()}
     per_layer = [sum(unsharded[id(p)] for p in layer.parameters()) for layer in layers]
     layer_grads = max((sum(grads_unsharded.get(id(p), 0) for p in layer.parameters()) for layer in layers), default=0)
     embedding = model.get_input_embeddings().weight
@@ -560,11 +573,17 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
     root_grads = sum(b for i, b in grads_unsharded.items() if i not in in_layers and (tied or i != id(embedding)))
     detail = {"fsdp_root_gathered": sum(b for i, b in unsharded.items() if i not in in_layers),
               "fsdp_layer_gathered": max(per_layer, default=0), "fsdp_sharded_gradients": gradients}
+    if method.fsdp_flat:
+        detail["fsdp_flat_frozen_gradients"] = flat_frozen
     notes = [f"FSDP2 over {world} rank(s): each rank's shards (dim 0, padded to a multiple of the ranks); the root "
              "unit (embeddings, final norm, LM head) stays gathered from forward to the end of backward (FSDP's "
              "default for the root); in backward a layer is gathered and the one before it prefetched"
              + ("" if method.reshard_after_forward else "; --no-reshard-after-forward: every layer stays gathered "
                 "from its forward to its backward")]
+    if method.fsdp_flat:
+        notes.append(f"--fsdp-flat: FSDP1's flat parameters; {len(flat_units)} unit(s) with a trainable parameter "
+                     "hold gradients over all of theirs, "
+                     f"{human_bytes(flat_frozen)} per rank for frozen weights (sharded; whole while no_sync holds them)")
     if gathered_dtype is not None:
         dtype = str(gathered_dtype).removeprefix("torch.")
         notes.append(f"FSDP mixed precision: parameters gathered and computed in {dtype}, gradients reduced in fp32"

@@ -143,10 +143,18 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
     gpus = int(float(r.gpu_count or 1))
     fsdp1 = fsdp and "fsdp2" not in sharding.replace(" ", "")
+    # FSDP1 with use_orig_params and one unit per decoder layer: a layer holding LoRA computes its gradient over all
+    # of its weights (--fsdp-flat). Without use_orig_params FSDP1 refuses such mixed units, so the stack wraps the
+    # trainable modules apart (peft's policy) and the gradients are the adapters' alone, as FSDP2's.
+    flat = fsdp1 and "use_orig_params true" in sharding and ("transformer_based_wrap" in sharding
+                                                             or "{block}" in sharding)
     if fsdp1:
         # FSDP1 flattens each unit's parameters into one buffer and shards that: the same bytes per rank as
         # FSDP2's per-parameter shards up to padding, and the same units gathered.
-        assumed.append("FSDP1 estimated as FSDP2 (the same shards per rank up to padding, the same units gathered)")
+        assumed.append("FSDP1 estimated as FSDP2 (the same shards per rank up to padding, the same units gathered)"
+                       + (", with its flat gradients: a decoder layer with a trainable parameter holds a gradient "
+                          "over all of its weights (use_orig_params, one unit per layer: --fsdp-flat)" if flat else
+                          ""))
     if fsdp_offload:
         assumed.append("FSDP's CPU offload moves the parameters' shards, gradients and optimizer state together")
     if gpus > 1 and not zero and not fsdp and "ddp" not in sharding:
@@ -264,9 +272,9 @@ def read_figure(r, models: dict) -> Figure:
             # accelerate (the Trainer's) and Lightning accumulate under no_sync; torchtitan and torchtune reduce each
             # micro-batch
             settings["grad_sync"] = "last"
-            assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it"
-                           + (": FSDP1 holds a whole unit's gradient where the unit has a trainable parameter "
-                              "(use_orig_params), estimated per parameter as FSDP2 holds them" if fsdp1 else ""))
+            assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
+    if flat:
+        settings["fsdp_flat"] = True
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
