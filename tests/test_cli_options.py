@@ -40,9 +40,10 @@ SETTINGS_TO_TRY = [
                 overrides={"lora_rank": 4, "lora_alpha": 8, "lora_dropout": 0.1, "lora_targets": "q_proj,v_proj",
                            "quant_type": "fp4", "double_quant": False, "precision": "bf16-mixed",
                            "optimizer": "sgd", "attention": "eager", "offload": "optimizer+params",
-                           "kbit_upcast": False, "loss": "logits-dtype"}),
+                           "kbit_upcast": False, "loss": "logits-dtype", "bnb_keeps_inputs": True,
+                           "quantize_head": True, "keeps_previous_logits": True}),
     RunSettings(method="lora_fsdp", nproc=2, overrides={"reshard_after_forward": False, "offload": "optimizer+params",
-                                                         "grad_accum": 4, "grad_sync": "last"}),
+                                                         "grad_accum": 4, "grad_sync": "last", "fsdp_flat": True}),
 ]
 
 

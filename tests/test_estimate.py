@@ -331,3 +331,56 @@ def test_layer_inputs_are_counted_when_addresses_are_reused(monkeypatch):
     reused = estimate(method, config, 2, 64, 2)
     assert reused.detail["layer_inputs"] == expected.detail["layer_inputs"] > 0
     assert reused.peak_bytes == expected.peak_bytes
+
+
+def test_bitsandbytes_before_0_43_2_keeps_each_4bit_layers_input():
+    """--bnb-keeps-inputs: MatMul4Bit before bitsandbytes 0.43.2 kept its input on the autograd context for a
+    backward that never reads it (bitsandbytes#1270). The forward's activations rise by what those inputs add: at
+    least every down projection's input (nothing else saves it), at most every 4-bit layer's input; the weights and
+    the optimizer state do not change. With checkpointing it is refused: what is kept then depends on reentrancy."""
+    settings = RunSettings("qlora", preset="llama-3.2-3b").resolved()
+    config = get_preset("llama-3.2-3b").config
+    base = with_overrides(get_method("qlora"), kbit_upcast=False)
+    freed = estimate_module.estimate_run(base, settings, "cuda", 1)
+    kept = estimate_module.estimate_run(with_overrides(get_method("qlora"), kbit_upcast=False, bnb_keeps_inputs=True),
+                                        settings, "cuda", 1)
+    assert kept.method == "qlora-no-upcast-bnb-keeps-inputs"
+    tokens, layers = settings.batch_size * settings.seq_len, config["num_hidden_layers"]
+    d, inner = config["hidden_size"], config["intermediate_size"]
+    rise = kept.instants["forward"]["activations"] - freed.instants["forward"]["activations"]
+    assert 2 * tokens * layers * inner <= rise <= 2 * tokens * layers * (3 * d + inner)
+    for category in ("parameters_quantized", "parameters_trainable", "optimizer_state"):
+        assert kept.instants["optimizer"][category] == freed.instants["optimizer"][category]
+    with pytest.raises(estimate_module.EstimateError, match="reentrant"):
+        estimate_module.estimate_run(with_overrides(get_method("qlora_gc"), bnb_keeps_inputs=True), settings, "cuda", 1)
+
+
+def test_litgpts_stack_the_head_in_4_bits_and_the_previous_steps_logits():
+    """Two estimate-only settings for a stack other than profkit's (litgpt's, reports/estimate-vs-published/):
+    --quantize-head stores the LM head in 4 bits (untied from the embeddings, which stay) and each use dequantizes it
+    into fp16 and casts it to bf16, both alive beside the loss; --keeps-previous-logits holds the previous step's
+    logits at the forward's end and, with --bnb-keeps-inputs, that step's 4-bit layer inputs too."""
+    settings = RunSettings("qlora", preset="llama-3.2-3b").resolved()
+    config = get_preset("llama-3.2-3b").config
+    vocab, d, tokens = config["vocab_size"], config["hidden_size"], settings.batch_size * settings.seq_len
+
+    def run(**overrides):
+        return estimate_module.estimate_run(with_overrides(get_method("qlora"), kbit_upcast=False, **overrides),
+                                            settings, "cuda", 1)
+
+    base, head = run(), run(quantize_head=True)
+    assert head.detail["head_dequantized"] == vocab * d * (2 + 2)
+    for instant in ("forward", "backward"):
+        assert head.instants[instant]["temporaries"] - base.instants[instant]["temporaries"] == vocab * d * 4
+    packed = head.instants["optimizer"]["parameters_quantized"] - base.instants["optimizer"]["parameters_quantized"]
+    assert vocab * d // 2 <= packed <= vocab * d  # 4 bits a value and the block scales; tied: embeddings stay
+    assert head.instants["optimizer"]["parameters_frozen"] == base.instants["optimizer"]["parameters_frozen"]
+    logits = run(keeps_previous_logits=True)
+    assert logits.detail["previous_step_held"] == tokens * vocab * 2
+    both = run(keeps_previous_logits=True, bnb_keeps_inputs=True)
+    inputs = both.detail["previous_step_held"] - tokens * vocab * 2
+    layers, inner = config["num_hidden_layers"], config["intermediate_size"]
+    assert 2 * tokens * layers * (3 * d + inner) * 0.95 <= inputs <= 2 * tokens * layers * (4 * d + inner)
+    kept = run(bnb_keeps_inputs=True)
+    assert both.instants["forward"]["activations"] - kept.instants["forward"]["activations"] == \
+        both.detail["previous_step_held"]

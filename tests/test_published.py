@@ -251,3 +251,23 @@ def test_every_published_figure_is_read_or_refused_with_a_reason():
         assert config_of(models[figure.model]).model_type
         assert figure.batch_size > 0 and figure.seq_len > 0
     assert read >= 380, read  # 393 in session 21: a reader change that refuses many more is seen here
+
+
+@pytest.mark.parametrize("version, kept", [("0.42.0 (pyproject.toml pin)", True), ("0.41", True), ("0.43.2", False),
+                                           ("0.43.3", False), ("", None)])
+def test_the_bitsandbytes_version_decides_whether_4bit_layers_keep_their_inputs(version, kept):
+    """Before 0.43.2 bitsandbytes kept each 4-bit layer's input for backward (--bnb-keeps-inputs); a row that states
+    no version is read as a later one, and the assumption is named."""
+    figure = read_figure(_row(method="qlora", quant_type="nf4", double_quant="True", bitsandbytes=version), MODELS)
+    assert figure.method.bnb_keeps_inputs is bool(kept)
+    assert any("bitsandbytes version not stated" in a for a in figure.assumed) is (kept is None)
+
+
+def test_a_stack_that_quantizes_the_head_and_keeps_the_previous_logits_is_read_so():
+    """litgpt's rows say their quantizer converts every Linear (the head too) and their loop keeps the previous
+    step's logits; a row that says neither gets neither."""
+    stated = read_figure(_row(method="qlora", quant_type="nf4 (Lightning's plugin: every Linear, the LM head too)",
+                              double_quant="False", loop="keeps the previous step's logits"), MODELS)
+    assert stated.method.quantize_head and stated.method.keeps_previous_logits
+    plain = read_figure(_row(method="qlora", quant_type="nf4", double_quant="False"), MODELS)
+    assert not plain.method.quantize_head and not plain.method.keeps_previous_logits

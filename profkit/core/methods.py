@@ -48,6 +48,16 @@ class Method:
     # 4-bit training: peft's k-bit preparation casts the unquantized weights (embeddings, norms, head) to fp32, which
     # makes the residual stream fp32; some stacks (fms-acceleration's) prepare without that cast.
     kbit_upcast: bool = True
+    # bitsandbytes before 0.43.2 kept each 4-bit layer's input for backward (MatMul4Bit's ctx.tensors), which its
+    # backward never reads (bitsandbytes#1270): activations a 16-bit frozen layer does not hold. Estimated only.
+    bnb_keeps_inputs: bool = False
+    # The loop keeps the previous step's logits (and the autograd graph behind them) until the next forward returns,
+    # as litgpt's does: at the forward's end both steps' logits are alive, and under --bnb-keeps-inputs that graph
+    # still holds the previous step's 4-bit layer inputs. profkit's loop and the Trainer drop them. Estimated only.
+    keeps_previous_logits: bool = False
+    # The LM head stored in 4 bits too, quantized from fp16: Lightning's bitsandbytes plugin (so litgpt) converts every
+    # Linear layer that way, where transformers keeps the head in 16 bits. Estimated only.
+    quantize_head: bool = False
     # auto: bf16 autocast over fp32 trainable weights on GPUs (fp16 where bf16 is missing), fp32 on CPU.
     # -amp: the same autocast over weights all in fp32, a frozen base too (a model loaded without a dtype).
     precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-amp", "fp16-amp", "bf16-pure"] = "auto"
@@ -86,6 +96,10 @@ class Method:
             out.pop("double_quant")
         if not self.quantization or self.kind != "train":
             out.pop("kbit_upcast")
+            out.pop("bnb_keeps_inputs")
+        if not self.quantization:
+            out.pop("quantize_head")
+
         if not self.sharded:
             out.pop("offload")
         if not self.fsdp:
@@ -94,7 +108,7 @@ class Method:
             out.pop("fsdp_flat")
         if self.kind == "infer":
             for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
-                        "loss", "grad_accum", "grad_sync", "fsdp_flat"):
+                        "loss", "grad_accum", "grad_sync", "fsdp_flat", "keeps_previous_logits"):
                 out.pop(key, None)
         else:
             out.pop("prefill_logits")
@@ -157,6 +171,19 @@ SETTINGS: dict[str, Setting] = {
     "kbit_upcast": _setting("kbit_upcast", "quantized", lambda v: "upcast" if v else "no-upcast", "--kbit-upcast",
                             "4-bit training: cast the unquantized weights to fp32 (peft's "
                             "prepare_model_for_kbit_training), or keep them in the load dtype.", bool),
+    "bnb_keeps_inputs": _setting("bnb_keeps_inputs", "quantized", lambda v: "bnb-keeps-inputs" if v else
+                                 "bnb-frees-inputs", "--bnb-keeps-inputs", "4-bit training as bitsandbytes before "
+                                 "0.43.2 ran it: each 4-bit layer keeps its input for a backward that never reads "
+                                 "it. Estimated, not recorded (the installed bitsandbytes frees it).", bool),
+    "quantize_head": _setting("quantize_head", "quantized", lambda v: "head-4bit" if v else "head-16bit",
+                              "--quantize-head", "4-bit: the LM head in 4 bits too, quantized from fp16, as "
+                              "Lightning's bitsandbytes plugin (litgpt) converts every Linear layer; each use "
+                              "dequantizes it into "
+                              "fp16 and casts that to the compute dtype. Estimated, not recorded.", bool),
+    "keeps_previous_logits": _setting("keeps_previous_logits", "train", lambda v: "keeps-previous-logits" if v
+                                      else "drops-previous-logits", "--keeps-previous-logits", "The training loop "
+                                      "keeps the previous step's logits, and the graph behind them, until the next "
+                                      "forward returns (litgpt's). Estimated, not recorded.", bool),
     "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (mixed: autocast, "
                           "a frozen base loaded in half precision; amp: autocast over fp32 weights, the frozen base "
                           "too; pure: weights, gradients and optimizer state in bf16).", str, PRECISIONS),
@@ -215,7 +242,7 @@ def with_overrides(method: Method, **overrides) -> Method:
         if applies == "quantized" and not method.quantization:
             raise OverrideError(f"{flag} applies to 4-bit methods (qlora..., infer_int4); {method.name} keeps "
                                 "its weights in the model dtype")
-        if (applies == "train" or option == "kbit_upcast") and method.kind != "train":
+        if (applies == "train" or option in ("kbit_upcast", "bnb_keeps_inputs")) and method.kind != "train":
             raise OverrideError(f"{flag} applies to training methods; {method.name} is inference")
         if applies == "infer" and method.kind != "infer":
             raise OverrideError(f"{flag} applies to generation methods (infer_fp16, infer_int4); {method.name} "

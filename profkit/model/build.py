@@ -345,7 +345,7 @@ def with_lora(model, p: ModelPlan):
     return get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
 
 
-class _MetaNF4Linear(torch.nn.Linear):
+class MetaNF4Linear(torch.nn.Linear):
     """Stands in for bitsandbytes' ``Linear4bit`` on the meta device, where bitsandbytes cannot quantize:
     the same frozen weight and the same dtype round trip (input cast to the compute dtype, output cast
     back), so autograd saves what it saves for the real layer. Storage is counted by the estimator."""
@@ -354,12 +354,39 @@ class _MetaNF4Linear(torch.nn.Linear):
         return super().forward(x.to(self.weight.dtype)).to(x.dtype)
 
 
+class _MatMulKeepingInput(torch.autograd.Function):
+    """bitsandbytes' MatMul4Bit before 0.43.2: saves its input beside the weight, though its backward reads the
+    weight alone (the input's gradient needs no input)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        _, weight = ctx.saved_tensors
+        return grad @ weight, None, None
+
+
+class _MetaNF4LinearKeepingInput(MetaNF4Linear):
+    """``MetaNF4Linear`` as bitsandbytes before 0.43.2 ran it (--bnb-keeps-inputs)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _MatMulKeepingInput.apply(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+
+
 def meta_model(method: Method, config, device: str, half: torch.dtype | None = None,
                engine: str = "loop") -> tuple[Any, set[str], ModelPlan]:
     """The model ``build_model`` would build, following the same ``plan``, on the meta device (shapes and dtypes,
     no memory), and the names of the parameters that would be stored in 4 bits. Used by the estimator; no
     weights needed."""
     p = plan(method, device, half, engine)
+    if method.bnb_keeps_inputs and method.gradient_checkpointing:
+        # The input is kept on the autograd context, past checkpointing's hooks: under non-reentrant checkpointing
+        # every layer's 4-bit inputs outlive the forward, under reentrant none is kept until the recompute.
+        raise UnsupportedError("--bnb-keeps-inputs with gradient checkpointing is not modelled: what it keeps depends "
+                               "on whether checkpointing is reentrant")
     attention = "sdpa" if p.attn_implementation == "flash_attention_2" else p.attn_implementation  # same saves
     attention, note = attention_for(config, attention)
     if note:
@@ -375,9 +402,15 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
     if p.quantization is not None:
         # transformers' own rule for which Linear layers bitsandbytes replaces.
         keep = get_keys_to_not_convert(model)
+        stand_in = _MetaNF4LinearKeepingInput if method.bnb_keeps_inputs else MetaNF4Linear
+        head = model.get_output_embeddings()
+        if method.quantize_head and head is not None and head.weight is model.get_input_embeddings().weight:
+            # a converter of every Linear layer gives the head a 4-bit weight of its own; the embeddings stay
+            head.weight = torch.nn.Parameter(torch.empty_like(head.weight), requires_grad=False)
         for name, module in list(model.named_modules()):
-            if type(module) is torch.nn.Linear and should_convert_module(name, keep):
-                module.__class__ = _MetaNF4Linear
+            if type(module) is torch.nn.Linear and (should_convert_module(name, keep) or
+                                                    (method.quantize_head and module is head)):
+                module.__class__ = stand_in
                 quantized_ids.add(id(module.weight))
         if not quantized_ids:
             p = replace(p, notes=(*p.notes, f"{type(model).__name__}: transformers quantizes no layer of it (it "
@@ -426,6 +459,15 @@ def setting_unsupported(method: Method, device: str) -> str | None:
         return ("--prefill-logits and --kv-cache describe how transformers before 4.45 and 4.36 ran generate(); the "
                 "installed transformers runs it one way, so these settings are estimated (profkit estimate), not "
                 "recorded")
+    if method.quantize_head:
+        return ("--quantize-head describes Lightning's bitsandbytes plugin, which converts the LM head too; profkit "
+                "quantizes as transformers does, so this setting is estimated (profkit estimate), not recorded")
+    if method.keeps_previous_logits:
+        return ("--keeps-previous-logits describes another training loop (litgpt's); profkit's loop drops the previous "
+                "step's logits, so this setting is estimated (profkit estimate), not recorded")
+    if method.bnb_keeps_inputs:
+        return ("--bnb-keeps-inputs describes bitsandbytes before 0.43.2; the installed bitsandbytes frees each 4-bit "
+                "layer's input, so this setting is estimated (profkit estimate), not recorded")
     if method.fsdp_flat:
         return ("--fsdp-flat describes FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params); profkit "
                 "runs FSDP2 (fully_shard), so this setting is estimated (profkit estimate), not recorded")

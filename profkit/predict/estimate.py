@@ -52,7 +52,8 @@ from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.core.units import human_bytes
-from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
+from profkit.model.build import (MetaNF4Linear, check_sequence, decoder_layers, meta_model, model_code_refusal,
+                                 model_config)
 from profkit.model.loss import chunked_bytes, gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import reduce_dtypes, zero3_linear, zero_buffers
@@ -583,7 +584,8 @@ def _fsdp(model, quantized: set[str], world: int, plan, method: Method, target: 
     if method.fsdp_flat:
         notes.append(f"--fsdp-flat: FSDP1's flat parameters; {len(flat_units)} unit(s) with a trainable parameter "
                      "hold gradients over all of theirs, "
-                     f"{human_bytes(flat_frozen)} per rank for frozen weights (sharded; whole while no_sync holds them)")
+                     f"{human_bytes(flat_frozen)} per rank for frozen weights (sharded; whole while no_sync holds "
+                     "them)")
     if gathered_dtype is not None:
         dtype = str(gathered_dtype).removeprefix("torch.")
         notes.append(f"FSDP mixed precision: parameters gathered and computed in {dtype}, gradients reduced in fp32"
@@ -764,8 +766,15 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         for prm in model.parameters():
             if prm.is_floating_point() and id(prm) not in four_bit:
                 prm.data = prm.data.to(plan.fsdp_param_dtype)
+    # What a 4-bit layer keeps on its autograd context (--bnb-keeps-inputs) outlives backward while the loop holds
+    # the step's logits (--keeps-previous-logits): its inputs, counted once per storage.
+    kept_inputs: list[torch.Tensor] = []
+    handles = [m.register_forward_pre_hook(lambda _m, args: kept_inputs.append(args[0])) for m in model.modules()
+               if isinstance(m, MetaNF4Linear)] if method.bnb_keeps_inputs and method.keeps_previous_logits else []
     with zero3_linear(zero3_linear_saves, unless=four_bit):
         saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered, method.loss)
+    for handle in handles:
+        handle.remove()
     checkpointing = method.gradient_checkpointing
     forward_activations = saved.end_of_forward(checkpointing)
     backward_activations = saved.during_backward(checkpointing)
@@ -778,6 +787,27 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     detail["loss_backward"] = logits_grad
     notes += _assumptions(config, plan, batch_size, seq_len, checkpointing, forward_activations, method.loss)
 
+    if method.keeps_previous_logits:
+        # alive until the new forward returns, so at its end beside the new step's own
+        head = model.get_output_embeddings().weight
+        logits_size = (plan.autocast or head.dtype).itemsize if method.loss != "chunked" else 0
+        previous = batch_size * seq_len * head.shape[0] * logits_size + storage_bytes(kept_inputs)
+        detail["previous_step_held"] = previous
+        forward_activations += previous
+        inputs = " and its 4-bit layer inputs" if kept_inputs else ""
+        notes.append(f"--keeps-previous-logits: the previous step's logits{inputs} ({human_bytes(previous)}) are "
+                     "alive until the next forward returns, beside its own")
+    if method.quantize_head and target == "cuda" and method.quantization:
+        # Each use of the 4-bit head (its forward at the loss, its backward first) dequantizes it into fp16, the
+        # dtype it was quantized from, and casts that to the compute dtype: both alive for the matmul.
+        head = model.get_output_embeddings().weight
+        compute = plan.quantization.bnb_4bit_compute_dtype.itemsize
+        dequantized = head.numel() * (2 + (compute if plan.quantization.bnb_4bit_compute_dtype != torch.float16 else 0))
+        detail["head_dequantized"] = dequantized
+        forward_temporaries += dequantized
+        backward_temporaries += dequantized
+        notes.append(f"--quantize-head: the 4-bit LM head dequantized into fp16 and cast for each use "
+                     f"({human_bytes(dequantized)}, at the loss and at the start of backward)")
     static = {**parts, "optimizer_state": optimizer_state}
     instants = {
         "forward": {**static, "gradients": zero_persistent_grads, "activations": forward_activations,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 from transformers import AutoConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from profkit.core.methods import ALL_LINEAR, Method, OverrideError, get_method, with_overrides
 from profkit.model.build import sequence_limit
@@ -107,6 +108,10 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, r.model, reason="no configuration in models.json")
     if models[model].get("unsupported"):
         return Figure(None, model, reason=models[model]["unsupported"])
+    model_type = models[model].get("config", {}).get("model_type")
+    if model_type is not None and model_type not in CONFIG_MAPPING:
+        return Figure(None, model, reason=f"model_type {model_type}: an architecture transformers does not have "
+                                         "(the model's own remote code)")
     sharding, offload = r.sharding.lower(), r.offload.lower()
     if MODEL_PARALLEL.search(sharding):
         return Figure(None, model, reason=f"{r.sharding}: model parallelism is not modelled")
@@ -238,8 +243,20 @@ def read_figure(r, models: dict) -> Figure:
         if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
             return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
         settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
+        if "the lm head too" in r.quant_type.lower():  # a converter of every Linear layer (Lightning's plugin)
+            settings["quantize_head"] = True
+            assumed.append("the LM head in 4 bits too, quantized from fp16 (--quantize-head), as the source's "
+                           "quantizer converts every Linear layer")
         if getattr(r, "kbit_upcast", "").startswith("False"):  # a stack that prepares without peft's fp32 cast
             settings["kbit_upcast"] = False
+        bnb = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", getattr(r, "bitsandbytes", ""))
+        if bnb is None:
+            assumed.append("bitsandbytes version not stated: 0.43.2 or later, whose 4-bit layers keep no input for "
+                           "backward (earlier ones did: --bnb-keeps-inputs)")
+        elif tuple(int(g or 0) for g in bnb.groups()) < (0, 43, 2):
+            settings["bnb_keeps_inputs"] = True
+            assumed.append(f"bitsandbytes {bnb.group(0).strip()}: each 4-bit layer keeps its input for backward "
+                           "(--bnb-keeps-inputs, fixed in 0.43.2)")
     config = models[model].get("config", {})
     if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
         return Figure(None, model, reason=MOE_4BIT)
@@ -275,6 +292,10 @@ def read_figure(r, models: dict) -> Figure:
             assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
     if flat:
         settings["fsdp_flat"] = True
+    if "previous step's logits" in getattr(r, "loop", ""):  # the source's own loop, as its code keeps them
+        settings["keeps_previous_logits"] = True
+        assumed.append("the source's loop keeps the previous step's logits, and the graph behind them, until the next "
+                       "forward returns (--keeps-previous-logits)")
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
