@@ -5,7 +5,9 @@ own allocation counter."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -67,8 +69,12 @@ def step(tmp_path_factory):
             optimizer.zero_grad(set_to_none=True)
     trace = tmp_path_factory.mktemp("lifetimes") / "trace.json"
     prof.export_chrome_trace(str(trace))
-    allocated = [e["args"]["Total Allocated"] for e in json.loads(trace.read_text())["traceEvents"]
-                 if e.get("name") == "[memory]"]
+    # The profiler counts every thread's allocations; the step's own thread's are what the tracker follows (in the
+    # full suite another thread once raised the process-wide total by 32 KiB during the step).
+    events = json.loads(trace.read_text())["traceEvents"]
+    (main, _), = Counter(e["tid"] for e in events if e.get("cat") == "cpu_op").most_common(1)
+    allocated = list(itertools.accumulate(e["args"]["Bytes"] for e in sorted(events, key=lambda e: e.get("ts", 0))
+                                          if e.get("name") == "[memory]" and e.get("tid") == main))
     return attribute(tracker.events, owners), owners, model, optimizer, figures, allocated
 
 
@@ -98,7 +104,7 @@ def test_gradients_are_the_parameters_grads(step):
 def test_the_peak_agrees_with_the_profilers_allocation_counter(step):
     """The profiler's [memory] events count every allocation made since it started, including what ops allocate
     and free inside themselves, which a dispatch mode cannot see: the peak of what the tracker saw allocated is
-    at most the profiler's, and within 1% of it (equal on this step)."""
+    at most the profiler's on the step's thread, and within 1% of it (equal on this step)."""
     lifetimes, *_, allocated = step
     assert allocated, "the profiler recorded no memory events"
     measured = max(allocated)
