@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from typer.testing import CliRunner
 
-from profkit.cli import app, record_cmd
+from profkit.cli import COMMANDS, summary_line, app, record_cmd
 from profkit.core.methods import SETTINGS
 from profkit.core.settings import RunSettings
 
@@ -83,3 +83,16 @@ def test_a_value_outside_an_options_choices_exits_2_naming_them(parsed, argv, me
             continue  # estimate's --device is its own option; it has no --engine
         result = CliRunner().invoke(app, [command, "lora", *argv])
         assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
+@pytest.mark.parametrize("command", [[]] + [[name] for name, _, _ in COMMANDS], ids=lambda c: c[0] if c else "profkit")
+def test_every_help_fits_80_columns_with_nothing_cut(command, monkeypatch):
+    """At 80 columns every option name and every command's line is whole (rich's tables had cut
+    --keeps-previous-logits and --no-reshard-after-forward to an ellipsis) and no line is wider."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(app, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output and max(len(line) for line in result.output.splitlines()) <= 80
+    if not command:  # each command's line whole, to its full stop (click alone cuts it at 45 characters)
+        flat = " ".join(result.output.split())
+        assert all(f"{name} {summary_line(function.__doc__)}" in flat for name, function, _ in COMMANDS)
