@@ -99,7 +99,6 @@ class Method:
             out.pop("bnb_keeps_inputs")
         if not self.quantization:
             out.pop("quantize_head")
-
         if not self.sharded:
             out.pop("offload")
         if not self.fsdp:
@@ -178,8 +177,8 @@ SETTINGS: dict[str, Setting] = {
     "quantize_head": _setting("quantize_head", "quantized", lambda v: "head-4bit" if v else "head-16bit",
                               "--quantize-head", "4-bit: the LM head in 4 bits too, quantized from fp16, as "
                               "Lightning's bitsandbytes plugin (litgpt) converts every Linear layer; each use "
-                              "dequantizes it into "
-                              "fp16 and casts that to the compute dtype. Estimated, not recorded.", bool),
+                              "dequantizes it into fp16 and casts that to the compute dtype. Estimated, not "
+                              "recorded.", bool),
     "keeps_previous_logits": _setting("keeps_previous_logits", "train", lambda v: "keeps-previous-logits" if v
                                       else "drops-previous-logits", "--keeps-previous-logits", "The training loop "
                                       "keeps the previous step's logits, and the graph behind them, until the next "

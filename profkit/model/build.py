@@ -345,7 +345,7 @@ def with_lora(model, p: ModelPlan):
     return get_peft_model(model, p.lora, autocast_adapter_dtype=not p.lora_dtype_follows_base)
 
 
-class MetaNF4Linear(torch.nn.Linear):
+class _MetaNF4Linear(torch.nn.Linear):
     """Stands in for bitsandbytes' ``Linear4bit`` on the meta device, where bitsandbytes cannot quantize:
     the same frozen weight and the same dtype round trip (input cast to the compute dtype, output cast
     back), so autograd saves what it saves for the real layer. Storage is counted by the estimator."""
@@ -369,11 +369,15 @@ class _MatMulKeepingInput(torch.autograd.Function):
         return grad @ weight, None, None
 
 
-class _MetaNF4LinearKeepingInput(MetaNF4Linear):
-    """``MetaNF4Linear`` as bitsandbytes before 0.43.2 ran it (--bnb-keeps-inputs)."""
+class _MetaNF4LinearKeepingInput(_MetaNF4Linear):
+    """``_MetaNF4Linear`` as bitsandbytes before 0.43.2 ran it (--bnb-keeps-inputs). ``kept_input``: what its
+    autograd context holds after the latest forward, which outlives backward while the graph does."""
+
+    kept_input: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _MatMulKeepingInput.apply(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
+        self.kept_input = x.to(self.weight.dtype)
+        return _MatMulKeepingInput.apply(self.kept_input, self.weight, self.bias).to(x.dtype)
 
 
 def meta_model(method: Method, config, device: str, half: torch.dtype | None = None,
@@ -402,7 +406,7 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
     if p.quantization is not None:
         # transformers' own rule for which Linear layers bitsandbytes replaces.
         keep = get_keys_to_not_convert(model)
-        stand_in = _MetaNF4LinearKeepingInput if method.bnb_keeps_inputs else MetaNF4Linear
+        stand_in = _MetaNF4LinearKeepingInput if method.bnb_keeps_inputs else _MetaNF4Linear
         head = model.get_output_embeddings()
         if method.quantize_head and head is not None and head.weight is model.get_input_embeddings().weight:
             # a converter of every Linear layer gives the head a 4-bit weight of its own; the embeddings stay
@@ -453,24 +457,29 @@ def _check_cpu_4bit_inference(model, device: str) -> None:
 
 
 
+# Settings that describe another stack than the one installed: the estimate models them, a recording cannot.
+ESTIMATED_ONLY = (
+    ("quantize_head", "--quantize-head", "Lightning's bitsandbytes plugin, which converts the LM head too",
+     "profkit quantizes as transformers does"),
+    ("keeps_previous_logits", "--keeps-previous-logits", "another training loop (litgpt's)",
+     "profkit's loop drops the previous step's logits"),
+    ("bnb_keeps_inputs", "--bnb-keeps-inputs", "bitsandbytes before 0.43.2",
+     "the installed bitsandbytes frees each 4-bit layer's input"),
+    ("fsdp_flat", "--fsdp-flat", "FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params)",
+     "profkit runs FSDP2 (fully_shard)"),
+)
+
+
 def setting_unsupported(method: Method, device: str) -> str | None:
     """Why a command-line setting cannot run here, checked before any training."""
     if method.kind == "infer" and (method.prefill_logits != "last" or method.kv_cache != "dynamic"):
         return ("--prefill-logits and --kv-cache describe how transformers before 4.45 and 4.36 ran generate(); the "
                 "installed transformers runs it one way, so these settings are estimated (profkit estimate), not "
                 "recorded")
-    if method.quantize_head:
-        return ("--quantize-head describes Lightning's bitsandbytes plugin, which converts the LM head too; profkit "
-                "quantizes as transformers does, so this setting is estimated (profkit estimate), not recorded")
-    if method.keeps_previous_logits:
-        return ("--keeps-previous-logits describes another training loop (litgpt's); profkit's loop drops the previous "
-                "step's logits, so this setting is estimated (profkit estimate), not recorded")
-    if method.bnb_keeps_inputs:
-        return ("--bnb-keeps-inputs describes bitsandbytes before 0.43.2; the installed bitsandbytes frees each 4-bit "
-                "layer's input, so this setting is estimated (profkit estimate), not recorded")
-    if method.fsdp_flat:
-        return ("--fsdp-flat describes FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params); profkit "
-                "runs FSDP2 (fully_shard), so this setting is estimated (profkit estimate), not recorded")
+    for field, flag, describes, installed in ESTIMATED_ONLY:
+        if getattr(method, field):
+            return (f"{flag} describes {describes}; {installed}, so this setting is estimated (profkit estimate), "
+                    "not recorded")
     if method.offload != "none" and device == "cpu":
         return "--offload moves state from the GPU to host memory; on CPU everything is in host memory already"
     if method.attention == "flash" and device == "cuda":

@@ -52,8 +52,7 @@ from profkit.core.categories import MEMORY_CATEGORIES
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
 from profkit.core.units import human_bytes
-from profkit.model.build import (MetaNF4Linear, check_sequence, decoder_layers, meta_model, model_code_refusal,
-                                 model_config)
+from profkit.model.build import check_sequence, decoder_layers, meta_model, model_code_refusal, model_config
 from profkit.model.loss import chunked_bytes, gradient_bytes, live_beside_logits, loss_of_logits
 from profkit.model.storage import storage_bytes, storage_id
 from profkit.model.zero import reduce_dtypes, zero3_linear, zero_buffers
@@ -766,15 +765,11 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         for prm in model.parameters():
             if prm.is_floating_point() and id(prm) not in four_bit:
                 prm.data = prm.data.to(plan.fsdp_param_dtype)
-    # What a 4-bit layer keeps on its autograd context (--bnb-keeps-inputs) outlives backward while the loop holds
-    # the step's logits (--keeps-previous-logits): its inputs, counted once per storage.
-    kept_inputs: list[torch.Tensor] = []
-    handles = [m.register_forward_pre_hook(lambda _m, args: kept_inputs.append(args[0])) for m in model.modules()
-               if isinstance(m, MetaNF4Linear)] if method.bnb_keeps_inputs and method.keeps_previous_logits else []
     with zero3_linear(zero3_linear_saves, unless=four_bit):
         saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered, method.loss)
-    for handle in handles:
-        handle.remove()
+    # What a 4-bit layer keeps on its autograd context (--bnb-keeps-inputs) outlives backward while the loop holds
+    # the step's logits (--keeps-previous-logits): its inputs, counted once per storage.
+    kept_inputs = [m.kept_input for m in model.modules() if getattr(m, "kept_input", None) is not None]
     checkpointing = method.gradient_checkpointing
     forward_activations = saved.end_of_forward(checkpointing)
     backward_activations = saved.during_backward(checkpointing)
