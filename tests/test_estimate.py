@@ -359,7 +359,8 @@ def test_litgpts_stack_the_head_in_4_bits_and_the_previous_steps_logits():
     """Two estimate-only settings for a stack other than profkit's (litgpt's, reports/estimate-vs-published/):
     --quantize-head stores the LM head in 4 bits (untied from the embeddings, which stay) and each use dequantizes it
     into fp16 and casts it to bf16, both alive beside the loss; --keeps-previous-logits holds the previous step's
-    logits at the forward's end and, with --bnb-keeps-inputs, that step's 4-bit layer inputs too."""
+    logits at the forward's end and, with --bnb-keeps-inputs, that step's 4-bit layer inputs too, and the step's own
+    logits through its backward."""
     settings = RunSettings("qlora", preset="llama-3.2-3b").resolved()
     config = get_preset("llama-3.2-3b").config
     vocab, d, tokens = config["vocab_size"], config["hidden_size"], settings.batch_size * settings.seq_len
@@ -377,6 +378,9 @@ def test_litgpts_stack_the_head_in_4_bits_and_the_previous_steps_logits():
     assert head.instants["optimizer"]["parameters_frozen"] == base.instants["optimizer"]["parameters_frozen"]
     logits = run(keeps_previous_logits=True)
     assert logits.detail["previous_step_held"] == tokens * vocab * 2
+    # the loop's name for them keeps the step's own logits through its backward too
+    assert logits.instants["backward"]["activations"] - base.instants["backward"]["activations"] == \
+        logits.detail["logits_held_in_backward"] == tokens * vocab * 2
     both = run(keeps_previous_logits=True, bnb_keeps_inputs=True)
     inputs = both.detail["previous_step_held"] - tokens * vocab * 2
     layers, inner = config["num_hidden_layers"], config["intermediate_size"]

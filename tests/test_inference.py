@@ -150,6 +150,20 @@ def test_generate_as_older_transformers_ran_it(family):
         assert logits * itemsize <= prefill <= logits * itemsize + today["prefill"]["activations"], form
 
 
+def test_a_sliding_window_cache_is_lengthened_to_its_window_with_eager_attention():
+    """The decode pass is estimated on a cache lengthened on the meta device: a sliding-window layer keeps its window
+    and counts every position, so eager attention's mask (built from that count) fits the keys it is given."""
+    config = AutoConfig.for_model("mistral", hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096, sliding_window=32)
+    batch, prompt, new = 2, 24, 40
+    for attention in ("sdpa", "eager"):
+        e = estimate(with_overrides(get_method("infer_fp16"), attention=attention), config, batch, prompt, 1,
+                     "cuda", new_tokens=new)
+        # two layers of keys and values, batch x kv heads x head dim each: the window's last 31 positions, a view of
+        # the 32 the pass's concatenation made (whose storage stays alive)
+        assert e.instants["decode"]["kv_cache"] == 2 * 2 * batch * 2 * 16 * 32 * 2, attention
+
+
 def test_the_older_generate_forms_are_estimated_not_recorded(tmp_path):
     result = run_cli("record", "infer_fp16", "--kv-cache", "tuples", "--preset", "micro", "--device", "cpu",
                      "-o", str(tmp_path))

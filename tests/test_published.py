@@ -194,6 +194,19 @@ def test_generate_is_read_as_the_stated_transformers_ran_it(version, model_type,
     assert any("generate() as transformers" in a for a in figure.assumed) == bool(forms)
 
 
+@pytest.mark.parametrize("version, eager", [("4.35.2", True), ("4.21.0", True), ("4.36.0", False),
+                                             ("4.48.1", False), ("", False)])
+def test_attention_is_eager_where_the_stated_transformers_predates_attn_implementation(version, eager):
+    """Before 4.36 transformers' models computed attention op by op (no SDPA path), for training and generate()."""
+    models = {"OPT-350m": {"config": {"model_type": "opt"}, "names": ["OPT-350m"]}}
+    for row in (_row(transformers=version, model="OPT-350m"),
+                _row(kind="infer", method="infer_fp16", seq_len="512", max_new_tokens="8", transformers=version,
+                     model="OPT-350m")):
+        figure = read_figure(row, models)
+        assert (figure.method.attention == "eager") is eager, figure.reason
+        assert any("--attention eager" in a for a in figure.assumed) is eager
+
+
 def test_a_loss_the_sources_own_code_computes_is_taken_and_named():
     figure = read_figure(_row(loss="logits-dtype", transformers="4.49.0"), MODELS)
     assert figure.method.loss == "logits-dtype" and any("source's own code" in a for a in figure.assumed)
@@ -229,10 +242,19 @@ def test_pure_fp16_is_estimated_as_pure_bf16_and_said():
                                                            for a in figure.assumed)
 
 
+def test_a_benchmark_that_sums_the_logits_is_read_as_the_sum_loss():
+    """optimum's training benchmark backpropagates ``outputs.logits.sum()``, ``outputs`` bound across steps."""
+    figure = read_figure(_row(loss="sum (loss = logits.sum())", loop="keeps the previous step's logits"), MODELS)
+    assert figure.method.loss == "sum" and figure.method.keeps_previous_logits
+    assert any("--loss sum" in a for a in figure.assumed)
+
+
 def test_a_fused_linear_cross_entropy_is_read_as_the_chunked_loss_and_said():
     figure = read_figure(_row(loss="cut-cross-entropy (axolotl plugin)"), MODELS)
     assert figure.method.loss == "chunked" and any("fused linear cross-entropy (cut-cross-entropy)" in a
                                                    for a in figure.assumed)
+    for spelled in ("liger fused linear cross-entropy (use_liger_kernel true)", "Liger_Fused_Linear_Cross_Entropy"):
+        assert read_figure(_row(loss=spelled), MODELS).method.loss == "chunked"
 
 
 def test_every_published_figure_is_read_or_refused_with_a_reason():

@@ -17,7 +17,7 @@ PRECISIONS = ("auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-amp", "fp16-amp"
 OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw-8bit", "sgd")
 ATTENTIONS = ("sdpa", "flash", "eager")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
-LOSSES = ("fp32", "fp32-shifted", "logits-dtype", "chunked")  # profkit.model.loss says what each computes
+LOSSES = ("fp32", "fp32-shifted", "logits-dtype", "chunked", "sum")  # profkit.model.loss says what each computes
 # generate() as transformers versions run it (profkit.predict.estimate says what each holds)
 PREFILL_LOGITS = ("last", "all", "all-fp32")
 KV_CACHES = ("dynamic", "tuples")
@@ -53,7 +53,8 @@ class Method:
     bnb_keeps_inputs: bool = False
     # The loop keeps the previous step's logits (and the autograd graph behind them) until the next forward returns,
     # as litgpt's does: at the forward's end both steps' logits are alive, and under --bnb-keeps-inputs that graph
-    # still holds the previous step's 4-bit layer inputs. profkit's loop and the Trainer drop them. Estimated only.
+    # still holds the previous step's 4-bit layer inputs; the step's own logits are alive through its backward.
+    # profkit's loop and the Trainer drop them. Estimated only.
     keeps_previous_logits: bool = False
     # The LM head stored in 4 bits too, quantized from fp16: Lightning's bitsandbytes plugin (so litgpt) converts every
     # Linear layer that way, where transformers keeps the head in 16 bits. Estimated only.
@@ -66,7 +67,7 @@ class Method:
     # To host memory: ZeRO-Offload's optimizer (+ params) or FSDP's CPUOffloadPolicy (params, gradients and step).
     offload: Literal["none", "optimizer", "optimizer+params"] = "none"
     # The causal-LM loss as transformers 5 computes it, or as transformers 4 did (profkit.model.loss).
-    loss: Literal["fp32", "fp32-shifted", "logits-dtype", "chunked"] = "fp32"
+    loss: Literal["fp32", "fp32-shifted", "logits-dtype", "chunked", "sum"] = "fp32"
     # generate(): the prompt pass computes logits at the last position only (transformers >= 4.45), or at every
     # position (before; Llama-family models also upcast them to fp32 in their forward: all-fp32); the KV cache is
     # updated in place layer by layer (>= 4.36), or each pass returns new tuples while the previous pass's live.
@@ -181,8 +182,9 @@ SETTINGS: dict[str, Setting] = {
                               "recorded.", bool),
     "keeps_previous_logits": _setting("keeps_previous_logits", "train", lambda v: "keeps-previous-logits" if v
                                       else "drops-previous-logits", "--keeps-previous-logits", "The training loop "
-                                      "keeps the previous step's logits, and the graph behind them, until the next "
-                                      "forward returns (litgpt's). Estimated, not recorded.", bool),
+                                      "keeps each step's logits bound: through its backward, and with the graph "
+                                      "behind them until the next forward returns (litgpt's). Estimated, not "
+                                      "recorded.", bool),
     "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (mixed: autocast, "
                           "a frozen base loaded in half precision; amp: autocast over fp32 weights, the frozen base "
                           "too; pure: weights, gradients and optimizer state in bf16).", str, PRECISIONS),
@@ -199,8 +201,8 @@ SETTINGS: dict[str, Setting] = {
                      ">= 4.49: an fp32 copy of the logits), fp32-shifted (4.46-4.48: and a shifted copy of that), "
                      "logits-dtype (a model's own loss before 4.49, GPT-2 and GPTBigCode among them: a shifted copy "
                      "in the logits' dtype), chunked (a fused linear cross-entropy, Liger's or Cut Cross-Entropy: "
-                     "the LM head and the loss a chunk of positions at a time, never the whole logits).", str,
-                     LOSSES),
+                     "the LM head and the loss a chunk of positions at a time, never the whole logits), sum (the "
+                     "logits summed, a benchmark's stand-in for a loss: no copy of them).", str, LOSSES),
     "grad_accum": _setting("grad_accum", "train", lambda v: f"ga{v}", "--grad-accum", "Micro-batches of "
                            "--batch-size accumulated into each optimizer step (each step trains on their sum; "
                            "ZeRO and FSDP reduce every micro-batch's gradients into their shards).", int,

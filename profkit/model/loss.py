@@ -6,6 +6,9 @@ logits, the largest tensors of a short-sequence step.
 - ``fp32-shifted``: the same in transformers 4.46-4.48, which also copies the fp32 logits shifted by one.
 - ``logits-dtype``: transformers 4's models with a loss of their own (GPT-2, GPTBigCode, Falcon and others before
   4.49): a shifted copy of the logits, cross-entropy in their own dtype.
+- ``sum``: the logits summed, a benchmark's stand-in for a loss (transformers' and optimum's attention benchmarks:
+  ``logits.sum().backward()``): no copy of the logits; its gradient is a broadcast scalar, which the LM head's
+  backward matmul copies out whole in the logits' dtype.
 - ``chunked``: a fused linear cross-entropy (Liger's, Cut Cross-Entropy, Unsloth's): the LM head and the loss run
   over the final hidden states a chunk of positions at a time, so the whole logits never exist. Here each chunk runs
   under activation checkpointing (recomputed in backward), with Liger's chunk size: as many positions as make a
@@ -20,7 +23,8 @@ from torch.utils.checkpoint import checkpoint
 
 from profkit.core.methods import LOSSES
 
-SHIFTED = tuple(f for f in LOSSES if f not in ("fp32", "chunked"))  # from the whole logits, the labels shifted
+SHIFTED = tuple(f for f in LOSSES if f not in ("fp32", "chunked", "sum"))  # from the whole logits, labels shifted
+OF_LOGITS = (*SHIFTED, "sum")  # computed from the model's whole logits, outside the model
 
 
 def causal_lm_loss(model, batch: dict[str, torch.Tensor], form: str) -> torch.Tensor:
@@ -38,9 +42,12 @@ def causal_lm_loss(model, batch: dict[str, torch.Tensor], form: str) -> torch.Te
 def loss_of_logits(logits: torch.Tensor, labels: torch.Tensor, form: str,
                    num_items: torch.Tensor | int | None = None) -> torch.Tensor:
     """Cross-entropy of ``logits`` against ``labels`` shifted by one, as the shifted forms compute it; over
-    ``num_items`` labels when the Trainer counts them across accumulated batches, as transformers' loss does."""
-    if form not in SHIFTED:
-        raise ValueError(f"loss form {form!r}: the shifted forms over whole logits are {', '.join(SHIFTED)}")
+    ``num_items`` labels when the Trainer counts them across accumulated batches, as transformers' loss does. The
+    ``sum`` form sums the logits, labels unread."""
+    if form not in OF_LOGITS:
+        raise ValueError(f"loss form {form!r}: the forms over whole logits are {', '.join(OF_LOGITS)}")
+    if form == "sum":
+        return logits.sum()
     if form == "fp32-shifted":
         logits = logits.float()
     shifted = logits[..., :-1, :].contiguous()
@@ -120,7 +127,7 @@ def live_beside_logits(shape: tuple[int, int, int], logits_dtype: torch.dtype, f
     copies = {}
     if form in ("fp32", "fp32-shifted") and logits_dtype != torch.float32:
         copies["fp32 copy of the logits"] = batch * seq * vocab * 4
-    if form != "fp32":
+    if form in SHIFTED:
         itemsize = 4 if form == "fp32-shifted" else logits_dtype.itemsize
         copies["shifted copy of the logits"] = batch * (seq - 1) * vocab * itemsize
     return copies
@@ -130,8 +137,12 @@ def gradient_bytes(shape: tuple[int, int, int], logits_dtype: torch.dtype, form:
                    autocast_device: str | None = None) -> int:
     """The loss' backward: nll_loss' gradient and log_softmax's, live together, each the size of the logits (less
     one position when shifted) in the dtype cross-entropy ran in. Under autocast a 16-bit cross-entropy is not
-    all 16-bit: on CUDA its nll_loss runs in fp32 (an fp32 gradient beside its 16-bit cast), on CPU all of it."""
+    all 16-bit: on CUDA its nll_loss runs in fp32 (an fp32 gradient beside its 16-bit cast), on CPU all of it.
+    The ``sum`` form's gradient is one scalar broadcast to the logits' shape, which the LM head's backward matmul
+    copies out whole (its GEMM takes no zero strides)."""
     batch, seq, vocab = shape
+    if form == "sum":
+        return batch * seq * vocab * logits_dtype.itemsize
     elements = batch * (seq if form == "fp32" else seq - 1) * vocab
     if form != "logits-dtype" or logits_dtype == torch.float32 or autocast_device == "cpu":
         return 2 * elements * 4

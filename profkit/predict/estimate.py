@@ -318,8 +318,11 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
 
     at_loss: dict[tuple[str, int], int] = {}
 
+    head_input: list[int] = []
+
     def lm_head_input(module, args, output):
         at_loss.setdefault(storage_id(args[0]), args[0].untyped_storage().nbytes())
+        head_input.append(args[0].numel() * args[0].element_size())
 
     layers = decoder_layers(model)
     if not layers:
@@ -358,6 +361,12 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
             for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
                 at_loss[(name, 0)] = size
             loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss, target if autocast else None)
+            if loss == "sum":
+                # The summed logits' gradient is the logits' size once, not twice as cross-entropy's: the peak is
+                # then the LM head's backward, which makes the head's weight gradient (trainable) and its input's
+                # beside that gradient.
+                head = model.get_output_embeddings().weight
+                loss_backward += sum(head_input) + (head.numel() * head.element_size() if head.requires_grad else 0)
             del logits
     finally:
         for h in handles:
@@ -407,6 +416,11 @@ def _loss_note(loss: str, logits: int, itemsize: int, autocast: bool = False) ->
         return (f"a fused linear cross-entropy (--loss chunked): the LM head and the loss a chunk of positions at a "
                 f"time, never the whole logits; transformers >= 4.49's loss (--loss fp32) would hold an fp32 copy of "
                 f"them ({logits * 4 / gib:,.2f} GiB) and two gradients of that size in backward")
+    if loss == "sum":
+        return (f"the logits summed (--loss sum), a benchmark's stand-in for a loss: no copy of them, and backward "
+                f"copies out their broadcast gradient once; a cross-entropy as transformers >= 4.49 computes it "
+                f"(--loss fp32) would hold an fp32 copy of them ({logits * 4 / gib:,.2f} GiB) and two gradients of "
+                f"that size in backward")
     if loss == "fp32":
         return (f"the loss as transformers >= 4.49 computes it (--loss fp32), on an fp32 copy of the logits "
                 f"({logits * 4 / gib:,.2f} GiB) whose backward holds two gradients of that size: 4.46-4.48 also "
@@ -783,15 +797,19 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     notes += _assumptions(config, plan, batch_size, seq_len, checkpointing, forward_activations, method.loss)
 
     if method.keeps_previous_logits:
-        # alive until the new forward returns, so at its end beside the new step's own
+        # The loop's name for the logits keeps them bound: through this step's backward, and until the next
+        # forward returns, so at its end beside the new step's own.
         head = model.get_output_embeddings().weight
         logits_size = (plan.autocast or head.dtype).itemsize if method.loss != "chunked" else 0
-        previous = batch_size * seq_len * head.shape[0] * logits_size + storage_bytes(kept_inputs)
-        detail["previous_step_held"] = previous
+        own_logits = batch_size * seq_len * head.shape[0] * logits_size
+        previous = own_logits + storage_bytes(kept_inputs)
+        detail.update(previous_step_held=previous, logits_held_in_backward=own_logits)
         forward_activations += previous
+        backward_activations += own_logits
         inputs = " and its 4-bit layer inputs" if kept_inputs else ""
-        notes.append(f"--keeps-previous-logits: the previous step's logits{inputs} ({human_bytes(previous)}) are "
-                     "alive until the next forward returns, beside its own")
+        notes.append(f"--keeps-previous-logits: the loop keeps each step's logits ({human_bytes(own_logits)}) through "
+                     f"its backward, and the previous step's logits{inputs} ({human_bytes(previous)}) until the next "
+                     "forward returns, beside its own")
     if method.quantize_head and target == "cuda" and method.quantization:
         # Each use of the 4-bit head (its forward at the loss, its backward first) dequantizes it into fp16, the
         # dtype it was quantized from, and casts that to the compute dtype: both alive for the matmul.
@@ -1023,11 +1041,16 @@ def _generate_note(method: Method, prompt_logits: int, itemsize: int, previous_c
 
 
 def _lengthened(cache, positions: int):
-    """A transformers cache like ``cache`` whose every layer holds ``positions`` positions (meta tensors)."""
+    """A transformers cache like ``cache`` that has seen ``positions`` positions (meta tensors): every layer holds
+    them, a sliding-window layer the last of them its window keeps, and counts them all (its attention mask is
+    built from that count)."""
     for layer in cache.layers:
+        kept = min(positions, layer.sliding_window - 1) if getattr(layer, "is_sliding", False) else positions
         for name in ("keys", "values"):
             t = getattr(layer, name)
-            setattr(layer, name, t.new_empty((*t.shape[:-2], positions, t.shape[-1])))
+            setattr(layer, name, t.new_empty((*t.shape[:-2], kept, t.shape[-1])))
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = positions
     return cache
 
 

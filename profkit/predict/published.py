@@ -185,6 +185,9 @@ def read_figure(r, models: dict) -> Figure:
             overrides.update(forms)
             assumed.append(f"generate() as transformers {r.transformers} ran it ("
                            + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
+        if attention_of_version(getattr(r, "transformers", "")):
+            overrides["attention"] = "eager"
+            assumed.append(EAGER_NOTE.format(r.transformers))
         return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
                       1, int(new.group(1)), assumed=tuple(assumed))
     if r.method not in ("full", "lora", "qlora"):
@@ -262,7 +265,7 @@ def read_figure(r, models: dict) -> Figure:
         return Figure(None, model, reason=MOE_4BIT)
     # The source's own code computes the loss (a trainer that takes the logits), the form first, then its words.
     own_loss = getattr(r, "loss", "").split(" (")[0].strip()
-    if own_loss in FUSED_LOSSES:
+    if re.sub(r"[\s_]+", "-", own_loss.lower()) in FUSED_LOSSES:  # however the source spells the name
         own_loss = "chunked"
         assumed.append(f"the loss a fused linear cross-entropy ({r.loss.split(' (')[0]}), estimated with Liger's "
                        "chunks (--loss chunked); Cut Cross-Entropy's blocks hold less still")
@@ -292,6 +295,9 @@ def read_figure(r, models: dict) -> Figure:
             assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
     if flat:
         settings["fsdp_flat"] = True
+    if attention_of_version(getattr(r, "transformers", "")):
+        settings["attention"] = "eager"
+        assumed.append(EAGER_NOTE.format(r.transformers))
     if "previous step's logits" in getattr(r, "loop", ""):  # the source's own loop, as its code keeps them
         settings["keeps_previous_logits"] = True
         assumed.append("the source's loop keeps the previous step's logits, and the graph behind them, until the next "
@@ -367,6 +373,18 @@ def generate_of_version(version: str, model_type: str) -> dict[str, str]:
     if stated is not None and stated < (4, 36):
         forms["kv_cache"] = "tuples"
     return forms
+
+
+def attention_of_version(version: str) -> str | None:
+    """``eager`` where the source's transformers predates ``attn_implementation`` (4.36): its models computed
+    attention op by op, each layer keeping its attention matrix for backward; None otherwise (the estimate's fused
+    kernel, as transformers has picked SDPA by default since)."""
+    stated = _version(version)
+    return "eager" if stated is not None and stated < (4, 36) else None
+
+
+EAGER_NOTE = ("attention op by op (--attention eager): transformers {} predates attn_implementation (4.36), so its "
+              "models kept each layer's attention matrix where SDPA or flash attention keeps none")
 
 
 def loss_of_version(version: str, model_type: str) -> str:
