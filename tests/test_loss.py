@@ -16,7 +16,8 @@ from profkit.predict.estimate import estimate
 from tests.conftest import invoke, recorded, run_cli
 
 
-LOOP = ["--preset", "micro", "--precision", "bf16-pure", "--device", "cpu", "--warmup-steps", "0", "--steps", "1"]
+MICRO = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "0", "--steps", "1"]
+LOOP = [*MICRO, "--precision", "bf16-pure"]
 # The summed logits peak inside the LM head's backward GEMMs, where on CPU a bf16 GEMM over the broadcast gradient
 # takes a scratch buffer the estimate does not count (measured 297 KB on micro, 6% of its peak); in fp32 it takes
 # none, so that form is held to the byte in fp32.
@@ -25,10 +26,10 @@ PRECISION = {"sum": "fp32"}
 
 @pytest.fixture(scope="module")
 def full_by_loss(tmp_path_factory) -> dict:
-    """``full`` recorded through profkit's loop once per loss form (bf16-pure, micro)."""
+    """``full`` recorded through profkit's loop once per loss form (micro, bf16-pure; the summed form fp32)."""
     out, runs = tmp_path_factory.mktemp("losses"), {}
     for loss in LOSSES:
-        result = invoke("record", "full", *LOOP, "--precision", PRECISION.get(loss, "bf16-pure"), "--loss", loss,
+        result = invoke("record", "full", *MICRO, "--precision", PRECISION.get(loss, "bf16-pure"), "--loss", loss,
                         "-o", str(out / loss))
         assert result.returncode == 0, recorded(result, out / loss)
         [runs[loss]] = [p for p in (out / loss).iterdir() if p.is_dir()]
