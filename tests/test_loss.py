@@ -55,14 +55,15 @@ def test_each_loss_form_is_recorded_and_estimated_alike(loss, full_by_loss):
     _recorded_and_estimated_alike(full_by_loss[loss], loss)
 
 
-def test_the_trainers_loss_is_recorded_and_estimated_alike(tmp_path):
-    """The Trainer's compute_loss_func, fp32 on CPU: the shifted copy alone."""
+@pytest.mark.parametrize("loss", ["logits-dtype", "sum"])
+def test_the_trainers_loss_is_recorded_and_estimated_alike(loss, tmp_path):
+    """The Trainer's compute_loss_func, fp32 on CPU: the shifted copy alone, or the summed logits."""
     out = tmp_path / "traces"
-    result = run_cli("record", "full", "--preset", "micro", "--loss", "logits-dtype", "--engine", "trainer",
+    result = run_cli("record", "full", "--preset", "micro", "--loss", loss, "--engine", "trainer",
                      "--device", "cpu", "--warmup-steps", "0", "--steps", "1", "-o", str(out))
     assert result.returncode == 0, recorded(result, out)
     [run] = [p for p in out.iterdir() if p.is_dir()]
-    _recorded_and_estimated_alike(run, "logits-dtype")
+    _recorded_and_estimated_alike(run, loss)
 
 
 def test_under_autocast_the_notes_alternative_loss_holds_what_it_says():
