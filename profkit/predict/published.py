@@ -185,8 +185,8 @@ def read_figure(r, models: dict) -> Figure:
             overrides.update(forms)
             assumed.append(f"generate() as transformers {r.transformers} ran it ("
                            + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
-        if attention_of_version(getattr(r, "transformers", "")):
-            overrides["attention"] = "eager"
+        if attention := attention_of_version(getattr(r, "transformers", "")):
+            overrides["attention"] = attention
             assumed.append(EAGER_NOTE.format(r.transformers))
         return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
                       1, int(new.group(1)), assumed=tuple(assumed))
@@ -295,8 +295,8 @@ def read_figure(r, models: dict) -> Figure:
             assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
     if flat:
         settings["fsdp_flat"] = True
-    if attention_of_version(getattr(r, "transformers", "")):
-        settings["attention"] = "eager"
+    if attention := attention_of_version(getattr(r, "transformers", "")):
+        settings["attention"] = attention
         assumed.append(EAGER_NOTE.format(r.transformers))
     if "previous step's logits" in getattr(r, "loop", ""):  # the source's own loop, as its code keeps them
         settings["keeps_previous_logits"] = True
