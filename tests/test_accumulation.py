@@ -12,7 +12,7 @@ from profkit.core.gpus import GPUS
 from profkit.core.methods import get_method, with_overrides
 from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
-from profkit.model.build import setting_unsupported
+from profkit.model.build import ESTIMATED_ONLY, setting_unsupported
 from profkit.predict.estimate import estimate_run
 from profkit.predict.step_time import predict_run
 from tests.conftest import ACCUMULATED, FAST, recorded, run_cli
@@ -151,6 +151,11 @@ def test_fsdp1_flat_units_hold_gradients_over_their_frozen_weights(name, world):
     assert any(n.startswith("--fsdp-flat: FSDP1's flat parameters") for n in flat.notes)
 
 
-def test_fsdp1_flat_is_estimated_not_recorded():
-    reason = setting_unsupported(with_overrides(get_method("lora_fsdp"), fsdp_flat=True), "cpu")
-    assert reason and "FSDP2" in reason and "estimated" in reason
+@pytest.mark.parametrize("method, setting, names", [
+    ("lora_fsdp", "fsdp_flat", "FSDP2"), ("qlora", "quantize_head", "transformers"),
+    ("lora", "keeps_previous_logits", "litgpt"), ("qlora", "bnb_keeps_inputs", "0.43.2"),
+    ("lora_gc", "keeps_kv_cache", "llama-recipes")])
+def test_a_setting_of_another_stack_is_estimated_not_recorded(method, setting, names):
+    reason = setting_unsupported(with_overrides(get_method(method), **{setting: True}), "cpu")
+    assert reason and names in reason and "estimated" in reason
+    assert setting in {field for field, *_ in ESTIMATED_ONLY}

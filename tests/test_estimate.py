@@ -14,7 +14,7 @@ from transformers import AutoConfig
 from profkit import store
 from profkit.analyze import analyze_lifetimes, breakdown, predicted_vs_measured
 from profkit.analyze.lifetimes import load_lifetimes
-from profkit.core.methods import METHODS, get_method, with_overrides
+from profkit.core.methods import METHODS, OverrideError, get_method, with_overrides
 from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
 from profkit.core.units import parse_bytes
@@ -353,6 +353,33 @@ def test_bitsandbytes_before_0_43_2_keeps_each_4bit_layers_input():
         assert kept.instants["optimizer"][category] == freed.instants["optimizer"][category]
     with pytest.raises(estimate_module.EstimateError, match="reentrant"):
         estimate_module.estimate_run(with_overrides(get_method("qlora_gc"), bnb_keeps_inputs=True), settings, "cuda", 1)
+
+
+def test_a_loop_that_leaves_the_kv_cache_on_under_its_own_checkpointing_holds_it():
+    """--keeps-kv-cache (llama-recipes in 2023: use_cache left on while FSDP's checkpoint wrapper, which transformers
+    cannot see, checkpoints the layers): the forward's outputs hold every layer's keys and values, bf16 under the
+    CUDA autocast, until the loop releases them: at the loss only, or, with --keeps-previous-logits, through
+    backward and, the previous step's, at the next forward's end too."""
+    settings = RunSettings("lora_gc", preset="llama-3.2-3b").resolved()
+    config = get_preset("llama-3.2-3b").config
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    cache = (config["num_hidden_layers"] * 2 * settings.batch_size * settings.seq_len
+             * config["num_key_value_heads"] * head_dim * 2)
+
+    def run(**overrides):
+        return estimate_module.estimate_run(with_overrides(get_method("lora_gc"), **overrides), settings, "cuda", 1)
+
+    base, kept = run(), run(keeps_kv_cache=True)
+    assert kept.detail["kv_cache_held"] == cache
+    assert kept.instants["forward"]["activations"] - base.instants["forward"]["activations"] == cache
+    assert kept.instants["backward"] == base.instants["backward"]
+    logits, both = run(keeps_previous_logits=True), run(keeps_previous_logits=True, keeps_kv_cache=True)
+    assert both.instants["forward"]["activations"] - logits.instants["forward"]["activations"] == 2 * cache
+    assert both.instants["backward"]["activations"] - logits.instants["backward"]["activations"] == cache
+    assert any(n.startswith("--keeps-kv-cache") for n in both.notes)
+    # Without checkpointing attention saves those keys and values for backward: the setting does not apply.
+    with pytest.raises(OverrideError, match="checkpointing methods"):
+        with_overrides(get_method("lora"), keeps_kv_cache=True)
 
 
 def test_litgpts_stack_the_head_in_4_bits_and_the_previous_steps_logits():

@@ -153,7 +153,9 @@ def test_a_stated_sequence_past_learned_positions_is_read_at_the_cap_and_said():
 @pytest.mark.parametrize("version, model_type, loss", [
     ("", "llama", "fp32"), ("4.49.0", "gpt_bigcode", "fp32"), ("5.13.1", "llama", "fp32"),
     ("4.48.1", "gpt_bigcode", "logits-dtype"), ("4.48.1", "mistral", "fp32-shifted"),
-    ("4.41.2", "falcon", "logits-dtype"), ("4.41.2", "llama", None), ("4.48.1", "gpt2", None),
+    ("4.41.2", "falcon", "logits-dtype"), ("4.41.2", "llama", "fp32-shifted"), ("4.48.1", "gpt2", None),
+    ("4.41.2", "gpt2", None), ("<4.36 (not stated; dated 2023-07-25)", "llama", "fp32-shifted"),
+    ("<4.36 (not stated; dated 2023-04-18)", "opt", "logits-dtype"),
 ])
 def test_the_loss_is_the_one_the_sources_transformers_computed(version, model_type, loss):
     models = {"m": {"config": {"model_type": model_type}}}
@@ -163,6 +165,11 @@ def test_the_loss_is_the_one_the_sources_transformers_computed(version, model_ty
         return
     assert figure.method.loss == loss
     assert any(f"--loss {loss}" in a for a in figure.assumed) == (loss != "fp32")
+    # Before 4.46 the Llama family upcast inside the model: the form holds one 16-bit copy more, and says so.
+    upcast_in_forward = loss == "fp32-shifted" and not version.startswith("4.48")
+    assert any("upcast its logits in its forward" in a for a in figure.assumed) == upcast_in_forward
+    if version.startswith("<"):
+        assert any("transformers older than 4.36 (the figure's date)" in a for a in figure.assumed)
 
 
 def test_a_4_bit_moe_figure_is_estimated_only_from_transformers_5():
@@ -195,7 +202,9 @@ def test_generate_is_read_as_the_stated_transformers_ran_it(version, model_type,
 
 
 @pytest.mark.parametrize("version, eager", [("4.35.2", True), ("4.21.0", True), ("4.36.0", False),
-                                             ("4.48.1", False), ("", False)])
+                                             ("4.48.1", False), ("", False),
+                                             ("<4.36 (not stated; the figure is dated 2023-08-19)", True),
+                                             ("<4.49 (not stated)", False)])
 def test_attention_is_eager_where_the_stated_transformers_predates_attn_implementation(version, eager):
     """Before 4.36 transformers' models computed attention op by op (no SDPA path), for training and generate()."""
     models = {"OPT-350m": {"config": {"model_type": "opt"}, "names": ["OPT-350m"]}}

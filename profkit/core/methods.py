@@ -56,6 +56,12 @@ class Method:
     # still holds the previous step's 4-bit layer inputs; the step's own logits are alive through its backward.
     # profkit's loop and the Trainer drop them. Estimated only.
     keeps_previous_logits: bool = False
+    # The forward builds transformers' KV cache (use_cache left on while checkpointing is applied outside the model:
+    # FSDP's or torch's checkpoint wrapper, which transformers cannot see), so the outputs hold every layer's keys
+    # and values, which checkpointing would otherwise have dropped: from each layer's forward until the loop
+    # releases the outputs (after the forward; after the next one with --keeps-previous-logits). llama-recipes did
+    # (2023). Estimated only.
+    keeps_kv_cache: bool = False
     # The LM head stored in 4 bits too, quantized from fp16: Lightning's bitsandbytes plugin (so litgpt) converts every
     # Linear layer that way, where transformers keeps the head in 16 bits. Estimated only.
     quantize_head: bool = False
@@ -108,7 +114,7 @@ class Method:
             out.pop("fsdp_flat")
         if self.kind == "infer":
             for key in ("learning_rate", "gradient_checkpointing", "zero_stage", "optimizer", "offload", "fsdp",
-                        "loss", "grad_accum", "grad_sync", "fsdp_flat", "keeps_previous_logits"):
+                        "loss", "grad_accum", "grad_sync", "fsdp_flat", "keeps_previous_logits", "keeps_kv_cache"):
                 out.pop(key, None)
         else:
             out.pop("prefill_logits")
@@ -185,6 +191,12 @@ SETTINGS: dict[str, Setting] = {
                                       "keeps each step's logits bound: through its backward, and with the graph "
                                       "behind them until the next forward returns (litgpt's). Estimated, not "
                                       "recorded.", bool),
+    "keeps_kv_cache": _setting("keeps_kv_cache", "train", lambda v: "keeps-kv-cache" if v else "no-kv-cache",
+                               "--keeps-kv-cache", "The forward builds transformers' KV cache (use_cache left on, "
+                               "checkpointing applied outside the model: FSDP's or torch's checkpoint wrapper), so "
+                               "the outputs hold every layer's keys and values until the loop releases them "
+                               "(llama-recipes in 2023). Checkpointing methods (..._gc). Estimated, not recorded.",
+                               bool),
     "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (mixed: autocast, "
                           "a frozen base loaded in half precision; amp: autocast over fp32 weights, the frozen base "
                           "too; pure: weights, gradients and optimizer state in bf16).", str, PRECISIONS),
@@ -268,6 +280,9 @@ def with_overrides(method: Method, **overrides) -> Method:
         if option == "offload" and value == "optimizer" and method.fsdp:
             raise OverrideError(f"{flag} optimizer: FSDP's CPU offload moves the parameters' shards and gradients with "
                                 "the optimizer state (its step runs on the host); use optimizer+params")
+        if option == "keeps_kv_cache" and value and not method.gradient_checkpointing:
+            raise OverrideError(f"{flag} applies to checkpointing methods (..._gc): without checkpointing, attention "
+                                f"saves those keys and values for backward anyway; {method.name} does not checkpoint")
         changes[field_name] = value
     changed = replace(method, **changes)
     if changed.grad_sync != "each" and changed.grad_accum == 1:

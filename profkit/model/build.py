@@ -465,6 +465,8 @@ ESTIMATED_ONLY = (
      "profkit's loop drops the previous step's logits"),
     ("bnb_keeps_inputs", "--bnb-keeps-inputs", "bitsandbytes before 0.43.2",
      "the installed bitsandbytes frees each 4-bit layer's input"),
+    ("keeps_kv_cache", "--keeps-kv-cache", "a training loop that leaves transformers' KV cache on under "
+     "checkpointing applied outside the model (llama-recipes')", "profkit trains with the cache off"),
     ("fsdp_flat", "--fsdp-flat", "FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params)",
      "profkit runs FSDP2 (fully_shard)"),
 )

@@ -810,6 +810,21 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         notes.append(f"--keeps-previous-logits: the loop keeps each step's logits ({human_bytes(own_logits)}) through "
                      f"its backward, and the previous step's logits{inputs} ({human_bytes(previous)}) until the next "
                      "forward returns, beside its own")
+    if method.keeps_kv_cache:
+        # The cache the forward builds: transformers 4's tuples (the version such loops ran) held every position of
+        # every layer, and nothing else holds them under checkpointing. Alive from the forward to the loop's release
+        # of the outputs; with --keeps-previous-logits through backward and, the previous step's, to the next
+        # forward's end.
+        head = model.get_output_embeddings().weight
+        cache = kv_cache_bytes(model.config.get_text_config(), batch_size, seq_len,
+                               (plan.autocast or head.dtype).itemsize)
+        detail["kv_cache_held"] = cache
+        forward_activations += cache * (2 if method.keeps_previous_logits else 1)
+        backward_activations += cache if method.keeps_previous_logits else 0
+        notes.append(f"--keeps-kv-cache: the forward's outputs hold every layer's keys and values "
+                     f"({human_bytes(cache)}) until the loop releases them: "
+                     + ("through backward, and the previous step's until the next forward returns"
+                        if method.keeps_previous_logits else "at the loss, freed before backward"))
     if method.quantize_head and target == "cuda" and method.quantization:
         # Each use of the 4-bit head (its forward at the loss, its backward first) dequantizes it into fp16, the
         # dtype it was quantized from, and casts that to the compute dtype: both alive for the matmul.

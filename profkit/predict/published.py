@@ -183,11 +183,11 @@ def read_figure(r, models: dict) -> Figure:
                                     models[model].get("config", {}).get("model_type", ""))
         if forms:
             overrides.update(forms)
-            assumed.append(f"generate() as transformers {r.transformers} ran it ("
+            assumed.append(f"generate() as transformers {_version_named(r.transformers)} ran it ("
                            + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
         if attention := attention_of_version(getattr(r, "transformers", "")):
             overrides["attention"] = attention
-            assumed.append(EAGER_NOTE.format(r.transformers))
+            assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
         return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
                       1, int(new.group(1)), assumed=tuple(assumed))
     if r.method not in ("full", "lora", "qlora"):
@@ -278,8 +278,10 @@ def read_figure(r, models: dict) -> Figure:
         except NotModelled as exc:
             return Figure(None, model, reason=str(exc))
         if settings["loss"] != "fp32":
-            assumed.append(f"the loss as transformers {r.transformers} computed it for {config['model_type']} "
-                           f"(--loss {settings['loss']})")
+            assumed.append(f"the loss as transformers {_version_named(r.transformers)} computed it for "
+                           f"{config['model_type']} (--loss {settings['loss']})"
+                           + (UPCAST_IN_FORWARD if settings["loss"] == "fp32-shifted"
+                              and _version(r.transformers) < (4, 46) else ""))
     accumulation = getattr(r, "grad_accum", "").strip()
     if not accumulation:
         assumed.append("gradient accumulation not stated: one micro-batch a step (more would keep the gradients "
@@ -297,11 +299,14 @@ def read_figure(r, models: dict) -> Figure:
         settings["fsdp_flat"] = True
     if attention := attention_of_version(getattr(r, "transformers", "")):
         settings["attention"] = attention
-        assumed.append(EAGER_NOTE.format(r.transformers))
+        assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
     if "previous step's logits" in getattr(r, "loop", ""):  # the source's own loop, as its code keeps them
         settings["keeps_previous_logits"] = True
         assumed.append("the source's loop keeps the previous step's logits, and the graph behind them, until the next "
                        "forward returns (--keeps-previous-logits)")
+    if "kv cache" in getattr(r, "loop", "").lower():  # use_cache left on under a checkpoint wrapper of its own
+        settings["keeps_kv_cache"] = True
+        assumed.append("the source's forward builds transformers' KV cache and its outputs hold it (--keeps-kv-cache)")
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
@@ -322,9 +327,20 @@ def _experts(config: dict) -> int:
 
 
 def _version(text: str) -> tuple[int, int] | None:
-    """A stated transformers version's (major, minor); None where none is stated."""
-    parts = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(parts.group(1)), int(parts.group(2))) if parts else None
+    """A stated transformers version's (major, minor); None where none is stated. A bound, ``<4.36``, where the
+    source states none but its date precedes that release, reads as the minor before it: every rule here is of the
+    form "before X", which holds for whatever version ran when X is at or past the bound."""
+    parts = re.match(r"\s*(<)?\s*(\d+)\.(\d+)", text or "")
+    if parts is None:
+        return None
+    major, minor = int(parts.group(2)), int(parts.group(3))
+    return (major, minor - 1) if parts.group(1) else (major, minor)
+
+
+def _version_named(text: str) -> str:
+    """The version as a note names it: the stated one, or the bound a figure's date sets."""
+    named = text.split(" (")[0].strip()
+    return f"older than {named[1:].strip()} (the figure's date)" if named.startswith("<") else named
 
 
 def _transformers_5(r) -> bool:
@@ -353,7 +369,9 @@ def _lora_targets(text: str) -> str:
 # The loss transformers computed before 4.49, read from its 4.41.2, 4.45.2 and 4.48.1 sources. 4.46-4.48: the models
 # that call ForCausalLMLoss (an fp32 copy of the logits, then a shifted copy of it); Granite-MoE and GPT-Neo upcast
 # the same way in their own code. All of them: the models whose own loss took the logits as they came (a shifted
-# copy in their dtype). Before 4.46 the first group upcast inside the model, another form again.
+# copy in their dtype). Before 4.46 the first group upcast inside the model (``logits.float()``) and took the same
+# shifted fp32 copy; its 16-bit logits were freed at once, so the form holds one 16-bit copy of the logits more than
+# those versions did, at the end of forward only (the estimate says so).
 FP32_SHIFTED_4_46 = frozenset(
     "aria bamba cohere cohere2 diffllama emu3 gemma gemma2 glm granite jamba jetmoe llama mistral mixtral mllama "
     "nemotron olmo olmo2 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe stablelm starcoder2 zamba granitemoe "
@@ -387,6 +405,10 @@ EAGER_NOTE = ("attention op by op (--attention eager): transformers {} predates 
               "models kept each layer's attention matrix where SDPA or flash attention keeps none")
 
 
+UPCAST_IN_FORWARD = (": before 4.46 the model upcast its logits in its forward and freed the 16-bit ones, one "
+                     "16-bit copy of the logits fewer at the end of forward than this form holds")
+
+
 def loss_of_version(version: str, model_type: str) -> str:
     """The ``--loss`` form the source's transformers computed for ``model_type``; ``NotModelled`` where profkit has
     none for it. No version stated: transformers 5's (the default, named by the estimate as its assumption)."""
@@ -395,7 +417,7 @@ def loss_of_version(version: str, model_type: str) -> str:
         return "fp32"
     if model_type in LOGITS_DTYPE_BEFORE_4_49:
         return "logits-dtype"
-    if stated >= (4, 46) and model_type in FP32_SHIFTED_4_46:
+    if model_type in FP32_SHIFTED_4_46:  # before 4.46 an upcast in the model's forward, then the same shifted copy
         return "fp32-shifted"
     raise NotModelled(f"the loss transformers {version} computed for {model_type or 'this model'} is not one of the "
                       "forms profkit models (--loss)")
