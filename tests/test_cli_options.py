@@ -41,7 +41,7 @@ SETTINGS_TO_TRY = [
                            "quant_type": "fp4", "double_quant": False, "precision": "bf16-mixed",
                            "optimizer": "sgd", "attention": "eager", "offload": "optimizer+params",
                            "kbit_upcast": False, "loss": "logits-dtype", "bnb_keeps_inputs": True,
-                           "quantize_head": True, "keeps_previous_logits": True}),
+                           "quantize_head": True, "keeps_previous_logits": True, "quantize_experts": True}),
     RunSettings(method="lora_fsdp", nproc=2, overrides={"reshard_after_forward": False, "offload": "optimizer+params",
                                                          "grad_accum": 4, "grad_sync": "last", "fsdp_flat": True}),
     RunSettings(method="lora_gc", overrides={"keeps_kv_cache": True}),

@@ -177,6 +177,11 @@ def test_a_4_bit_moe_figure_is_estimated_only_from_transformers_5():
     qlora = dict(model="moe", method="qlora", quant_type="nf4", double_quant="True")
     assert "4-bit MoE" in read_figure(_row(**qlora, transformers="4.48.1"), models).reason
     assert read_figure(_row(**qlora, transformers="5.13.1"), models).method.name == "qlora"
+    assert not read_figure(_row(**qlora, transformers="5.13.1"), models).method.quantize_experts
+    # a source that quantizes the fused experts too (axolotl's quantize_moe_experts) says so in its 4-bit type
+    stated = read_figure(_row(**{**qlora, "quant_type": "nf4 (the experts too: quantize_moe_experts)"},
+                              transformers="5.2.0"), models)
+    assert stated.method.quantize_experts and any("--quantize-experts" in a for a in stated.assumed)
 
 
 def test_a_stated_k_bit_preparation_without_the_fp32_cast_is_read():

@@ -65,6 +65,10 @@ class Method:
     # The LM head stored in 4 bits too, quantized from fp16: Lightning's bitsandbytes plugin (so litgpt) converts every
     # Linear layer that way, where transformers keeps the head in 16 bits. Estimated only.
     quantize_head: bool = False
+    # transformers 5 keeps a MoE layer's experts as one 3-D tensor each, which bitsandbytes' Linear replacement skips;
+    # bitsandbytes' parametrization quantizes them too (axolotl's quantize_moe_experts), and each use dequantizes a
+    # layer's experts whole into their dtype.
+    quantize_experts: bool = False
     # auto: bf16 autocast over fp32 trainable weights on GPUs (fp16 where bf16 is missing), fp32 on CPU.
     # -amp: the same autocast over weights all in fp32, a frozen base too (a model loaded without a dtype).
     precision: Literal["auto", "fp32", "bf16-mixed", "fp16-mixed", "bf16-amp", "fp16-amp", "bf16-pure"] = "auto"
@@ -106,6 +110,7 @@ class Method:
             out.pop("bnb_keeps_inputs")
         if not self.quantization:
             out.pop("quantize_head")
+            out.pop("quantize_experts")
         if not self.sharded:
             out.pop("offload")
         if not self.fsdp:
@@ -186,6 +191,11 @@ SETTINGS: dict[str, Setting] = {
                               "Lightning's bitsandbytes plugin (litgpt) converts every Linear layer; each use "
                               "dequantizes it into fp16 and casts that to the compute dtype. Estimated, not "
                               "recorded.", bool),
+    "quantize_experts": _setting("quantize_experts", "quantized", lambda v: "experts-4bit" if v else
+                                 "experts-16bit", "--quantize-experts", "4-bit: a mixture of experts' fused expert "
+                                 "tensors (3-D, which bitsandbytes' Linear replacement skips) in 4 bits too, through "
+                                 "bitsandbytes' parametrization (axolotl's quantize_moe_experts); each use "
+                                 "dequantizes a layer's experts whole.", bool),
     "keeps_previous_logits": _setting("keeps_previous_logits", "train", lambda v: "keeps-previous-logits" if v
                                       else "drops-previous-logits", "--keeps-previous-logits", "The training loop "
                                       "keeps each step's logits bound: through its backward, and with the graph "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.utils import parametrize
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -245,6 +246,8 @@ def build_model(method: Method, settings: RunSettings, device: str):
     if p.quantization is not None:
         kwargs["quantization_config"] = p.quantization
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    if p.quantization is not None and method.quantize_experts:
+        _quantize_experts(model, method)
     if settings.seq_len:
         new = (settings.max_new_tokens or 1) - 1 if method.kind == "infer" else 0  # the last token is never fed
         check_sequence(model, settings.seq_len + new)
@@ -380,6 +383,33 @@ class _MetaNF4LinearKeepingInput(_MetaNF4Linear):
         return _MatMulKeepingInput.apply(self.kept_input, self.weight, self.bias).to(x.dtype)
 
 
+def fused_experts(model: torch.nn.Module, skip: set[int] = frozenset()) -> list[tuple[torch.nn.Module, str]]:
+    """Each mixture-of-experts layer's fused expert tensors (transformers 5 keeps them as one 3-D parameter per
+    projection, which bitsandbytes' Linear replacement skips), as (module, parameter name); ``skip``: ids already
+    quantized."""
+    return [(module, name) for module in model.modules() for name, prm in module.named_parameters(recurse=False)
+            if prm.dim() >= 3 and prm.is_floating_point() and id(prm) not in skip]
+
+
+class _MetaDequantize(torch.nn.Module):
+    """Stands in for bitsandbytes' ``Bnb4bitParametrization`` on the meta device: each access of the parameter
+    returns a fresh tensor of its shape and dtype, as dequantizing the 4-bit storage does."""
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        return original.clone()
+
+
+def _quantize_experts(model: torch.nn.Module, method: Method) -> int:
+    """``--quantize-experts`` on a loaded 4-bit model: bitsandbytes' parametrization of each fused expert tensor
+    (what axolotl's ``quantize_moe_experts`` applies), its block scales quantized too with ``double_quant``."""
+    from bitsandbytes.nn.parametrize import replace_parameter_4bit  # optional: 4-bit methods only
+
+    experts = fused_experts(model)
+    for module, name in experts:
+        replace_parameter_4bit(module, name, compress_statistics=method.double_quant, quant_type=method.quantization)
+    return len(experts)
+
+
 def meta_model(method: Method, config, device: str, half: torch.dtype | None = None,
                engine: str = "loop") -> tuple[Any, set[str], ModelPlan]:
     """The model ``build_model`` would build, following the same ``plan``, on the meta device (shapes and dtypes,
@@ -420,12 +450,23 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
             p = replace(p, notes=(*p.notes, f"{type(model).__name__}: transformers quantizes no layer of it (it "
                                   "replaces torch.nn.Linear itself, not subclasses): the weights stay 16-bit"))
     if p.quantization is not None:
-        experts = [prm for prm in model.parameters() if prm.dim() >= 3 and id(prm) not in quantized_ids]
-        if experts:
+        experts = fused_experts(model, quantized_ids)
+        count = sum(getattr(module, name).numel() for module, name in experts)
+        if experts and method.quantize_experts:
+            for module, name in experts:
+                parametrize.register_parametrization(module, name, _MetaDequantize(), unsafe=True)
+                quantized_ids.add(id(module.parametrizations[name].original))
+            p = replace(p, notes=(*p.notes, f"--quantize-experts: {count:,} expert weights (3-D tensors, one per "
+                                  "MoE projection) in 4 bits through bitsandbytes' parametrization; each use "
+                                  "dequantizes a layer's experts whole into their dtype"))
+        elif experts:
             stays = "fp32 after peft's k-bit preparation" if p.kbit_prep else "in the model dtype"
-            p = replace(p, notes=(*p.notes, f"{sum(e.numel() for e in experts):,} expert weights (3-D tensors, one "
-                                  f"per MoE layer) are not quantized: bitsandbytes replaces Linear layers only; "
-                                  f"they stay {stays}"))
+            p = replace(p, notes=(*p.notes, f"{count:,} expert weights (3-D tensors, one per MoE layer) are not "
+                                  f"quantized: bitsandbytes replaces Linear layers only; they stay {stays} "
+                                  "(--quantize-experts: in 4 bits too, as axolotl's quantize_moe_experts does)"))
+        elif method.quantize_experts:
+            p = replace(p, notes=(*p.notes, "--quantize-experts: this model has no fused expert tensors; nothing "
+                                  "more is quantized"))
     if p.kbit_prep:
         # What peft's prepare_model_for_kbit_training does to the weights that stay unquantized.
         for prm in model.parameters():

@@ -246,6 +246,10 @@ def read_figure(r, models: dict) -> Figure:
         if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
             return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
         settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
+        if "experts too" in r.quant_type.lower():  # the fused MoE experts through bitsandbytes' parametrization
+            settings["quantize_experts"] = True
+            assumed.append("the fused MoE experts in 4 bits too (--quantize-experts), as the source's "
+                           "quantize_moe_experts does")
         if "the lm head too" in r.quant_type.lower():  # a converter of every Linear layer (Lightning's plugin)
             settings["quantize_head"] = True
             assumed.append("the LM head in 4 bits too, quantized from fp16 (--quantize-head), as the source's "

@@ -150,8 +150,9 @@ class _AllocationStream(TorchDispatchMode):
 
 def _dequantizing(model, quantized: set[str], dtype: torch.dtype) -> list:
     """Hooks that hold a weight-sized temporary in ``dtype`` while each 4-bit layer's forward and backward run,
-    as bitsandbytes' 4-bit matmul does for inputs of more than one token."""
-    names = {n.rsplit(".", 1)[0] for n in quantized}
+    as bitsandbytes' 4-bit matmul does for inputs of more than one token. (A parametrized expert tensor,
+    --quantize-experts, is dequantized by the meta forward itself.)"""
+    names = {n.removesuffix(".weight") for n in quantized if n.endswith(".weight")}
     handles = []
     for name, module in model.named_modules():
         if name not in names:

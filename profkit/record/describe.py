@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from profkit.core.methods import Method
+from profkit.record.inventory import parametrized_four_bit
 
 # Optimizer wrappers that only forward to the optimizer they hold (accelerate's).
 FORWARDING_WRAPPERS = ("AcceleratedOptimizer", "DeepSpeedOptimizerWrapper")
@@ -155,9 +156,10 @@ def method_of(parts: Parts, inference: bool = False) -> Method:
     gc = _gradient_checkpointing(parts.model)
     stage = zero_stage(parts)
     sharded = fsdp(parts.model)
+    experts = {"quantize_experts": True} if quant and parametrized_four_bit(parts.model) else {}
     if inference:
         base = "infer_int4" if quant else "infer_fp16"
-        return Method(base, "infer", "a user's inference", quantization=quant)
+        return Method(base, "infer", "a user's inference", quantization=quant, **experts)
     adapter = "lora" if lora and "lora_r" in lora else ("none" if not lora else lora["adapter"])
     name = ("qlora" if quant and adapter == "lora" else adapter if adapter != "none" else "full")
     if stage:
@@ -173,7 +175,7 @@ def method_of(parts: Parts, inference: bool = False) -> Method:
     fsdp_fields = {} if not sharded else {"fsdp": True, **{k: sharded[k] for k in ("reshard_after_forward",)
                                                             if k in sharded},
                                           **({"offload": "optimizer+params"} if sharded.get("offload") else {})}
-    return Method(name, "train", "found on the live objects", adapter=adapter, quantization=quant,
+    return Method(name, "train", "found on the live objects", adapter=adapter, quantization=quant, **experts,
                   gradient_checkpointing=gc, zero_stage=stage, **fsdp_fields, **({"learning_rate": lr} if lr is not None else {}),
                   optimizer=optimizer, **({"double_quant": double_quant} if quant and double_quant is not None else {}),
                   **fields)

@@ -43,6 +43,18 @@ def four_bit_weights(model: torch.nn.Module) -> dict[int, Any]:
             found[id(weight)] = state
         elif state is not None or type(weight).__name__ == "Params4bit":
             found[id(weight)] = state
+    return found | parametrized_four_bit(model)
+
+
+def parametrized_four_bit(model: torch.nn.Module) -> dict[int, Any]:
+    """id of each parameter bitsandbytes' parametrization stores in 4 bits (a fused expert tensor under
+    --quantize-experts, axolotl's quantize_moe_experts) -> its QuantState."""
+    found: dict[int, Any] = {}
+    for module in model.modules():
+        for plist in getattr(module, "parametrizations", {}).values():
+            state = next((q.quant_state for q in plist if hasattr(q, "quant_state")), None)
+            if state is not None:
+                found[id(plist.original)] = state
     return found
 
 
