@@ -22,7 +22,10 @@ def test_host_time_is_covered_and_adds_up(bd, name):
     assert set(t.category) <= set(TIME_CATEGORIES)
     # Self times of the profiled thread add up to the profiled step's wall time.
     assert t.seconds.sum() == pytest.approx(run.profiled_step_time_s, rel=1e-3)
-    assert run.coverage_cpu >= 0.95
+    # Covered by ops and runtime calls, unless the profiled steps' threads waited for a CPU (another process on
+    # every core, as the session's background recordings are in CI): then the gaps are waiting, and the run says so.
+    assert run.coverage_cpu >= 0.95 or (run.profiled_contended and run.coverage_cpu >= 0.5), \
+        (run.coverage_cpu, run.profiled_contended)
     phases = set(t.phase)
     assert phases >= ({"forward", "backward", "optimizer"} if METHODS[name].kind == "train" else {"generate"})
 
