@@ -399,15 +399,13 @@ class _MetaDequantize(torch.nn.Module):
         return original.clone()
 
 
-def _quantize_experts(model: torch.nn.Module, method: Method) -> int:
+def _quantize_experts(model: torch.nn.Module, method: Method) -> None:
     """``--quantize-experts`` on a loaded 4-bit model: bitsandbytes' parametrization of each fused expert tensor
     (what axolotl's ``quantize_moe_experts`` applies), its block scales quantized too with ``double_quant``."""
     from bitsandbytes.nn.parametrize import replace_parameter_4bit  # optional: 4-bit methods only
 
-    experts = fused_experts(model)
-    for module, name in experts:
+    for module, name in fused_experts(model):
         replace_parameter_4bit(module, name, compress_statistics=method.double_quant, quant_type=method.quantization)
-    return len(experts)
 
 
 def meta_model(method: Method, config, device: str, half: torch.dtype | None = None,

@@ -796,11 +796,13 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     detail["loss_backward"] = logits_grad
     notes += _assumptions(config, plan, batch_size, seq_len, checkpointing, forward_activations, method.loss)
 
+    # What the forward computes in: the autocast dtype, or the weights' own (the LM head's).
+    compute_size = (plan.autocast or model.get_output_embeddings().weight.dtype).itemsize
     if method.keeps_previous_logits:
         # The loop's name for the logits keeps them bound: through this step's backward, and until the next
         # forward returns, so at its end beside the new step's own.
         head = model.get_output_embeddings().weight
-        logits_size = (plan.autocast or head.dtype).itemsize if method.loss != "chunked" else 0
+        logits_size = compute_size if method.loss != "chunked" else 0
         own_logits = batch_size * seq_len * head.shape[0] * logits_size
         previous = own_logits + storage_bytes(kept_inputs)
         detail.update(previous_step_held=previous, logits_held_in_backward=own_logits)
@@ -815,9 +817,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         # every layer, and nothing else holds them under checkpointing. Alive from the forward to the loop's release
         # of the outputs; with --keeps-previous-logits through backward and, the previous step's, to the next
         # forward's end.
-        head = model.get_output_embeddings().weight
-        cache = kv_cache_bytes(model.config.get_text_config(), batch_size, seq_len,
-                               (plan.autocast or head.dtype).itemsize)
+        cache = kv_cache_bytes(model.config.get_text_config(), batch_size, seq_len, compute_size)
         detail["kv_cache_held"] = cache
         forward_activations += cache * (2 if method.keeps_previous_logits else 1)
         backward_activations += cache if method.keeps_previous_logits else 0
