@@ -307,3 +307,13 @@ def test_a_stack_that_quantizes_the_head_and_keeps_the_previous_logits_is_read_s
     assert stated.method.quantize_head and stated.method.keeps_previous_logits
     plain = read_figure(_row(method="qlora", quant_type="nf4", double_quant="False"), MODELS)
     assert not plain.method.quantize_head and not plain.method.keeps_previous_logits
+
+
+@pytest.mark.parametrize("sharding, gpus, world", [
+    ("none (DDP, 4 processes)", "4", 4), ("none (DDPStrategy static_graph)", "4", 4), ("ddp (torchrun)", "2", 2),
+    ("FSDP ddp mode (full replica)", "2", 1),  # FSDP's NO_SHARD keeps flat parameters: not DDP
+])
+def test_data_parallel_ranks_are_read_as_ddp(sharding, gpus, world):
+    """A DDP figure is one rank's: the estimate adds DDP's gradient buckets on more than one rank."""
+    figure = read_figure(_row(sharding=sharding, gpu_count=gpus), MODELS)
+    assert figure.method is not None and figure.world_size == world

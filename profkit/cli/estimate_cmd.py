@@ -52,7 +52,8 @@ def estimate(
     methods: list[str] = typer.Argument(None, help=f"Methods: training ({', '.join(TRAINING)}) or generation "
                                         f"({', '.join(INFERENCE)}).", show_default=False),
     all_methods: bool = typer.Option(False, "--all", help="Every training method."),
-    world_size: int = typer.Option(1, min=1, help="Ranks that ZeRO or FSDP shards across."),
+    world_size: int = typer.Option(1, min=1, help="Ranks: ZeRO and FSDP shard across them; an unsharded method "
+                                   "runs as DDP, a replica per rank."),
     device: str = typer.Option("cuda", help="Target: cuda (bf16 autocast, bf16 frozen weights) or cpu (fp32)."),
     gpu: str = typer.Option(None, "--gpu", help=f"Also predict the step time on this GPU (training methods): "
                                                f"{', '.join(gpus.GPUS)}."),

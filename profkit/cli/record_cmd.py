@@ -86,7 +86,8 @@ def record(
         single = [m.name for m in chosen if not m.sharded]
         fail_usage(f"--nproc {nproc} needs methods that share work across ranks (the ZeRO and FSDP methods: "
                    f"{', '.join(n for n, m in METHODS.items() if m.sharded)}); {', '.join(single)} would run "
-                   f"{nproc} independent copies")
+                   f"{nproc} independent copies (DDP, a replica per rank, is estimated, not recorded: profkit estimate "
+                   f"{single[0]} --world-size {nproc})")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
     chosen, overrides = options.apply(chosen, method_settings)

@@ -16,7 +16,8 @@ quantizes. From it:
   checkpointed layers is saved, plus each layer's inputs; during backward one layer is recomputed at a time.
 - ZeRO's buffers are DeepSpeed's defaults, or for the Trainer engine Hugging Face's "auto" sizes
   (``model.zero.zero_buffers``), and what ZeRO partitions across
-  ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too.
+  ``world_size`` ranks: stage 2 gradients and optimizer state, stage 3 parameters too. An unsharded method on
+  several ranks is DDP: a whole replica per rank, plus DDP's gradient buckets.
 
 Three things the meta device does not do as the target device would are set by ``predict.stand_ins``: the
 attention kernel, CUDA's dropout and autocast. Under autocast, linear layers and attention see 16-bit
@@ -660,9 +661,6 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         raise EstimateError(f"{method.label}: the Trainer engine with ZeRO and {method.optimizer} is not modelled")
     if world_size < 1:
         raise EstimateError(f"world size must be at least 1, got {world_size}")
-    if world_size > 1 and not method.sharded:
-        raise EstimateError(f"{method.name}: world size {world_size} needs a ZeRO or FSDP method (plain data parallelism "
-                            "replicates everything; estimate with --world-size 1)")
     model, quantized, plan = meta_model(method, config, target, torch.bfloat16 if target == "cuda" else None,
                                           engine)
     check_sequence(model, seq_len)
@@ -680,7 +678,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     n_trainable = params["trainable"]
     step_bytes = 4 if target == "cpu" else 0  # AdamW's step counter lives on the host for CUDA parameters
     detail: dict[str, int] = {}
-    zero_persistent_grads = 0
+    persistent_grads = 0
     backward_temporaries = 0
     forward_temporaries = 0  # ZeRO-3: the parameters gathered in flight, in forward as in backward
     gathered: dict[int, int] = {}  # ZeRO-3 on several ranks: id -> the fresh buffer each use gathers it into
@@ -706,7 +704,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         if method.zero_stage == 3:
             # Stage 3 allocates that partition once, at initialisation, and keeps it: alive at every instant
             # (measured: a CPU recording of micro's full_zero3 holds it through forward and backward).
-            zero_persistent_grads = bucket + accumulated
+            persistent_grads = bucket + accumulated
             detail["zero3_reduce_bucket"] = bucket
             detail["zero3_gradient_partition"] = accumulated
             # Stage 3 partitions every parameter whose storage holds more elements than DeepSpeed's persistence
@@ -836,11 +834,21 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         backward_temporaries += dequantized
         notes.append(f"--quantize-head: the 4-bit LM head dequantized into fp16 and cast for each use "
                      f"({human_bytes(dequantized)}, at the loss and at the start of backward)")
+    if world_size > 1 and not method.sharded:
+        # DDP: a whole replica per rank, and the reducer's buckets, flat copies of the trainable gradients it
+        # all-reduces, allocated when the model is wrapped and kept (torch's default gradient_as_bucket_view=False
+        # copies each gradient in and back out).
+        persistent_grads = trainable_bytes
+        optimizer_grads += trainable_bytes
+        detail["ddp_gradient_buckets"] = trainable_bytes
+        notes.append(f"DDP over {world_size} ranks: each rank holds the whole model, and DDP's gradient buckets, a "
+                     f"second copy of the trainable gradients ({human_bytes(trainable_bytes)}), from the wrap on; "
+                     "gradient_as_bucket_view=True makes the gradients views into the buckets and saves that copy")
     static = {**parts, "optimizer_state": optimizer_state}
     instants = {
-        "forward": {**static, "gradients": zero_persistent_grads, "activations": forward_activations,
+        "forward": {**static, "gradients": persistent_grads, "activations": forward_activations,
                     "temporaries": forward_temporaries},
-        "backward": {**static, "gradients": zero_persistent_grads, "activations": backward_activations,
+        "backward": {**static, "gradients": persistent_grads, "activations": backward_activations,
                      "temporaries": logits_grad + backward_temporaries},
         "optimizer": {**static, "gradients": optimizer_grads, "activations": 0,
                       "temporaries": optimizer_temporaries},

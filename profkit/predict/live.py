@@ -27,6 +27,8 @@ def estimate_live(model: Any, record: RunRecord, input_shape: tuple[int, int], w
     method = Method(**{**fields, "name": found.get("method", "custom"), "kind": "train",
                        "description": "found on the live objects"})
     batch, seq = input_shape
-    world = world_size if method.sharded else 1
+    # Ranks matter where they shard the method, or where DDP replicates it (its buckets): a script that runs
+    # unsharded ranks without DDP holds what one process does.
+    world = world_size if method.sharded or found.get("data_parallel") else 1
     return estimate(method, config, batch, seq, world, "cuda" if device == "cuda" else "cpu", type(config).__name__,
                     "trainer" if record.engine == "trainer" else "session").to_json()

@@ -316,7 +316,10 @@ def read_figure(r, models: dict) -> Figure:
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
         return Figure(None, model, reason=f"setting not understood: {exc}")
     engine = "trainer" if "accelerate" in sharding else "session"  # the source's own loop, not profkit's
-    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp else 1, 1, engine,
+    # DDP (PyTorch's, or Lightning's DDPStrategy): a replica per rank, and the reducer's gradient buckets. FSDP's
+    # "ddp mode" (NO_SHARD) keeps FSDP's flat parameters instead and is not DDP.
+    ddp = bool(re.search(r"\bddp", sharding)) and "fsdp" not in sharding
+    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp or ddp else 1, 1, engine,
                   varying=bool(capped), assumed=tuple(assumed))
 
 

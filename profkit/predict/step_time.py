@@ -227,6 +227,9 @@ def step_work(method: Method, config, batch_size: int, seq_len: int) -> pd.DataF
 
 def predict(method: Method, config, batch_size: int, seq_len: int, gpu: Gpu, world_size: int = 1,
             calibration: Calibration | None = None) -> StepTime:
+    if world_size > 1 and not method.sharded:
+        raise EstimateError(f"{method.name}: DDP's gradient all-reduce over {world_size} ranks is not modelled in the "
+                            "step time (its memory is estimated); predict one rank's step with --world-size 1")
     cal = calibration or Calibration.load()
     ops = step_work(method, config, batch_size, seq_len)
     if method.grad_accum > 1:

@@ -1,7 +1,7 @@
 """What a training setup is, read from its live objects rather than from a name.
 
 A user's model may be a peft model, a bitsandbytes-quantized model, a DeepSpeed engine, or wrapped by
-accelerate; the optimizer may be DeepSpeed's or accelerate's wrapper. These functions unwrap them and
+accelerate or DDP; the optimizer may be DeepSpeed's or accelerate's wrapper. These functions unwrap them and
 describe the method as a registry ``Method`` (adapter, quantization, gradient checkpointing, ZeRO stage or
 FSDP2, LoRA settings), so a run recorded from a user's script is told apart and compared like profkit's own.
 
@@ -29,6 +29,7 @@ class Parts:
     engine: Any  # DeepSpeed engine, or None
     optimizer: Any  # the optimizer whose step() does the update (DeepSpeed's ZeRO optimizer, or torch's)
     inner_optimizer: Any  # the torch optimizer that owns moment tensors
+    ddp: Any = None  # the DistributedDataParallel wrapper it was handed over in, or None
 
 
 def is_deepspeed_engine(obj: Any) -> bool:
@@ -36,7 +37,14 @@ def is_deepspeed_engine(obj: Any) -> bool:
         type(obj).__module__.startswith("deepspeed") and hasattr(obj, "module") and hasattr(obj, "backward"))
 
 
+def is_ddp(obj: Any) -> bool:
+    return type(obj).__name__ == "DistributedDataParallel" and hasattr(obj, "module") and hasattr(obj, "reducer")
+
+
 def unwrap(model: Any, optimizer: Any = None) -> Parts:
+    ddp = model if is_ddp(model) else None
+    if ddp is not None:
+        model = ddp.module
     engine = model if is_deepspeed_engine(model) else None
     module = engine.module if engine is not None else model
     if optimizer is None and engine is not None:
@@ -49,7 +57,7 @@ def unwrap(model: Any, optimizer: Any = None) -> Parts:
     # DeepSpeed's ZeRO optimizers wrap a torch optimizer in .optimizer; its moments live there.
     if inner is not None and type(inner).__module__.startswith("deepspeed") and hasattr(inner, "optimizer"):
         inner = inner.optimizer
-    return Parts(module, engine, optimizer, inner)
+    return Parts(module, engine, optimizer, inner, ddp)
 
 
 def zero_stage(parts: Parts) -> int:

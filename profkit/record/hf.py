@@ -46,6 +46,8 @@ class TrainerCallback(_TrainerCallback):
             return
         self.session = self._factory(model, optimizer)
         self.session.record.engine = "trainer"
+        if is_trainer_ddp(args, self.session):
+            self.session.record.model["found"]["data_parallel"] = True
         self.session.record.engine_config = engine_config(args)
         self.session.start()
 
@@ -58,6 +60,14 @@ class TrainerCallback(_TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.session is not None:
             self.session.close()
+
+
+def is_trainer_ddp(args, session: Session) -> bool:
+    """Whether the Trainer wraps the model in DDP: several processes (accelerate's MULTI_GPU, or torchrun on CPU)
+    without DeepSpeed or FSDP, which it hands the callbacks unwrapped."""
+    return (getattr(args, "world_size", 1) > 1 and not getattr(args, "deepspeed", None)
+            and not getattr(args, "fsdp", None) and not session.record.model["found"].get("fsdp")
+            and not session.record.model["found"].get("zero_stage"))
 
 
 def engine_config(args) -> dict:

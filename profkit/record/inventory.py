@@ -98,14 +98,26 @@ def _param_storage(p: torch.Tensor) -> torch.Tensor:
     return ds if isinstance(ds, torch.Tensor) and p.numel() == 0 else p
 
 
-def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimizer: Any = None) -> dict:
+def take_inventory(model: torch.nn.Module, optimizer: Any = None, inner_optimizer: Any = None,
+                   ddp: Any = None) -> dict:
     """Rows ``{owner, detail, dtype, device, bytes, tensors, numel}`` plus parameter counts.
 
     Parameter counts are logical element counts (a 4-bit weight counts its unpacked elements), so that
     they compare to the model's configuration; bytes are what storage really holds.
     """
     tally, counts = _count(model, optimizer, inner_optimizer)
-    return {"rows": tally.as_rows(), **counts}
+    return {"rows": tally.as_rows() + ddp_bucket_rows(ddp), **counts}
+
+
+def ddp_bucket_rows(ddp: Any) -> list[dict]:
+    """DDP's gradient buckets, as its reducer reports them: C++ allocates them when the model is wrapped and keeps
+    no Python reference, so no op and no object walk sees them (owner ``ddp_buckets``)."""
+    if ddp is None:
+        return []
+    sizes = [int(b) for b in str(ddp._get_ddp_logging_data().get("bucket_sizes", "")).split(",") if b.strip()]
+    device = next((p.device.type for p in ddp.module.parameters()), "cpu")
+    return [{"owner": "ddp_buckets", "detail": "DDP reducer buckets (DDP's bucket_sizes)", "dtype": "",
+             "device": device, "bytes": sum(sizes), "tensors": len(sizes), "numel": 0}] if sizes else []
 
 
 def storage_owners(model: torch.nn.Module, optimizer: Any = None,

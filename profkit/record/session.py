@@ -110,6 +110,8 @@ class Session:
             record = new_record(path.name, found.name, found.kind, found.settings(), engine,
                                 model=describe.model_info(self.parts))
         record.model["found"] = {"method": found.name, **found.settings()}
+        if self.parts.ddp is not None:
+            record.model["found"]["data_parallel"] = True
         self.record = record
         self.record.device = self.record.device or device_info(self.device)
         self.phase: str | None = None
@@ -411,7 +413,7 @@ class Session:
 
     def _take_inventory(self) -> None:
         p = self.parts
-        self.record.inventory = take_inventory(p.model, p.optimizer, p.inner_optimizer)
+        self.record.inventory = take_inventory(p.model, p.optimizer, p.inner_optimizer, p.ddp)
         if self._generation is not None:
             self.record.inventory.update(self._generation.inventory())
 
