@@ -44,7 +44,7 @@ SETTINGS_TO_TRY = [
                            "quantize_head": True, "keeps_previous_logits": True, "quantize_experts": True}),
     RunSettings(method="lora_fsdp", nproc=2, overrides={"reshard_after_forward": False, "offload": "optimizer+params",
                                                          "grad_accum": 4, "grad_sync": "last", "fsdp_flat": True}),
-    RunSettings(method="lora_gc", overrides={"keeps_kv_cache": True}),
+    RunSettings(method="lora_gc", overrides={"keeps_kv_cache": True, "buffers_of": "4.35.2"}),
 ]
 
 

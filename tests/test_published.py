@@ -317,3 +317,17 @@ def test_data_parallel_ranks_are_read_as_ddp(sharding, gpus, world):
     """A DDP figure is one rank's: the estimate adds DDP's gradient buckets on more than one rank."""
     figure = read_figure(_row(sharding=sharding, gpu_count=gpus), MODELS)
     assert figure.method is not None and figure.world_size == world
+
+
+@pytest.mark.parametrize("version, model_type, tables", [
+    ("4.35.0.dev0", "mistral", "4.35"), ("4.44.2", "qwen2", "4.44"), ("4.45.2", "qwen2", None),
+    ("4.48.1", "llama", None), ("<4.36 (not stated; the figure's date)", "llama", "4.35"),
+    ("<4.36 (not stated; the figure's date)", "gpt_neox", None),  # its rotary tables were buffers from 4.35 on
+    ("", "mistral", None)])
+def test_the_buffers_of_the_sources_transformers_are_read(version, model_type, tables):
+    """A version that built per-layer tables for the model (--buffers-of); a bound only where every version
+    before it did; none where the version is not stated."""
+    models = {"m": {"config": {"model_type": model_type}}}
+    figure = read_figure(_row(model="m", transformers=version), models)
+    assert figure.method.buffers_of == (tables or "")
+    assert any("--buffers-of" in a for a in figure.assumed) == bool(tables)

@@ -7,6 +7,8 @@ so listing and validating methods is instant and works anywhere.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Literal
 
@@ -94,6 +96,10 @@ class Method:
     # with any trainable parameter holds a gradient for all of them, its frozen weights too (LoRA inside every
     # decoder layer: gradients as large as the layers). Estimated, not recorded: profkit runs FSDP2.
     fsdp_flat: bool = False
+    # The transformers version a run used, where its models built buffers the installed one does not (rotary tables
+    # in every attention layer, causal-mask tables: profkit.model.legacy_buffers); "" for the installed. Estimated
+    # only.
+    buffers_of: str = ""
     variant: str = ""  # what the command line changed, as it appears in run names ("r16-all-linear")
 
     def settings(self) -> dict:
@@ -124,6 +130,8 @@ class Method:
         else:
             out.pop("prefill_logits")
             out.pop("kv_cache")
+        if not self.buffers_of:
+            out.pop("buffers_of")
         if not self.variant:
             out.pop("variant")
         return out
@@ -244,7 +252,21 @@ SETTINGS: dict[str, Setting] = {
     "kv_cache": _setting("kv_cache", "infer", lambda v: f"cache-{v}", "--kv-cache", "generate()'s KV cache: "
                          "updated in place (dynamic, transformers >= 4.36), or new tuples each pass while the "
                          "previous pass's live (tuples, before). Estimated, not recorded.", str, KV_CACHES),
+    "buffers_of": _setting("buffers_of", "any", lambda v: f"buffers-{v}" if v else "buffers-installed",
+                           "--buffers-of", "The per-layer buffers of the transformers version the run used (4.40: "
+                           "the rotary cos and sin tables over every position that Llama built in each layer before "
+                           "4.41, Mistral before 4.42, Mixtral before 4.48, Qwen2, Phi, Falcon and GPT-NeoX before "
+                           "4.45; GPT-2's, GPT-J's and GPT-NeoX's causal-mask tables). Estimated, not recorded.", str),
 }
+
+# A transformers version as --buffers-of takes it: 4.40, 4.40.2 or 4.35.0.dev0.
+VERSION = re.compile(r"^\s*(\d+)\.(\d+)(?:\.\d+)?(?:\.?dev\d*|rc\d*)?\s*$")
+
+
+def parse_version(text: str) -> tuple[int, int] | None:
+    """``4.35.2``, ``4.35`` or ``4.35.0.dev0`` as (4, 35); None for anything else."""
+    m = VERSION.match(text or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def with_overrides(method: Method, **overrides) -> Method:
@@ -290,6 +312,8 @@ def with_overrides(method: Method, **overrides) -> Method:
         if option == "offload" and value == "optimizer" and method.fsdp:
             raise OverrideError(f"{flag} optimizer: FSDP's CPU offload moves the parameters' shards and gradients with "
                                 "the optimizer state (its step runs on the host); use optimizer+params")
+        if option == "buffers_of" and value and parse_version(value) is None:
+            raise OverrideError(f"{flag} {value!r}: a transformers version (4.40, 4.40.2)")
         if option == "keeps_kv_cache" and value and not method.gradient_checkpointing:
             raise OverrideError(f"{flag} applies to checkpointing methods (..._gc): without checkpointing, attention "
                                 f"saves those keys and values for backward anyway; {method.name} does not checkpoint")

@@ -26,11 +26,12 @@ from transformers.quantizers.base import get_keys_to_not_convert
 from transformers.quantizers.quantizers_utils import should_convert_module
 
 from profkit.core.bundled import bundled, cache_dir
-from profkit.core.methods import ALL_LINEAR, Method, UnsupportedError
+from profkit.core.methods import ALL_LINEAR, Method, UnsupportedError, parse_version
 from profkit.core.presets import get_preset
 from profkit.core.quiet import library_output
 from profkit.core.settings import RunSettings
 from profkit.model.distributed import backend_missing
+from profkit.model.legacy_buffers import add_legacy_buffers
 
 with library_output():  # peft imports bitsandbytes, whose kernel loaders announce themselves on stderr at import
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -430,6 +431,14 @@ def meta_model(method: Method, config, device: str, half: torch.dtype | None = N
     except (ValueError, AssertionError, KeyError, TypeError) as exc:
         raise UnsupportedError(f"transformers cannot build {type(config).__name__.removesuffix('Config')} from this "
                                f"configuration ({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
+    if method.buffers_of:
+        # what that version built in every layer: non-persistent buffers in the dtype the model was built in
+        said = add_legacy_buffers(model, decoder_layers(model), config, parse_version(method.buffers_of),
+                                  p.load_dtype or torch.float32)
+        p = replace(p, notes=(*p.notes, f"--buffers-of {method.buffers_of}: " + (
+            "; ".join(said) + " on the device beside the weights, as that transformers built them" if said else
+            f"that transformers built no buffer for {type(config).__name__.removesuffix('Config')} that the "
+            "installed one does not")))
     quantized_ids: set[int] = set()
     if p.quantization is not None:
         # transformers' own rule for which Linear layers bitsandbytes replaces.
@@ -508,6 +517,8 @@ ESTIMATED_ONLY = (
      "checkpointing applied outside the model (llama-recipes')", "profkit trains with the cache off"),
     ("fsdp_flat", "--fsdp-flat", "FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params)",
      "profkit runs FSDP2 (fully_shard)"),
+    ("buffers_of", "--buffers-of", "the buffers an older transformers built in every layer",
+     "the installed transformers builds its own"),
 )
 
 

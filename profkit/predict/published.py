@@ -18,6 +18,7 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from profkit.core.methods import ALL_LINEAR, Method, OverrideError, get_method, with_overrides
 from profkit.model.build import sequence_limit
+from profkit.model.legacy_buffers import builds_tables
 from profkit.predict.estimate import EstimateError, estimate
 
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
@@ -188,6 +189,9 @@ def read_figure(r, models: dict) -> Figure:
         if attention := attention_of_version(getattr(r, "transformers", "")):
             overrides["attention"] = attention
             assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
+        if tables := _buffers_of(getattr(r, "transformers", ""), model_type or ""):
+            overrides["buffers_of"] = tables
+            assumed.append(BUFFERS_NOTE.format(_version_named(r.transformers), tables))
         return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
                       1, int(new.group(1)), assumed=tuple(assumed))
     if r.method not in ("full", "lora", "qlora"):
@@ -308,6 +312,9 @@ def read_figure(r, models: dict) -> Figure:
         settings["keeps_previous_logits"] = True
         assumed.append("the source's loop keeps the previous step's logits, and the graph behind them, until the next "
                        "forward returns (--keeps-previous-logits)")
+    if tables := _buffers_of(getattr(r, "transformers", ""), model_type or ""):
+        settings["buffers_of"] = tables
+        assumed.append(BUFFERS_NOTE.format(_version_named(r.transformers), tables))
     if "kv cache" in getattr(r, "loop", "").lower():  # use_cache left on under a checkpoint wrapper of its own
         settings["keeps_kv_cache"] = True
         assumed.append("the source's forward builds transformers' KV cache and its outputs hold it (--keeps-kv-cache)")
@@ -406,6 +413,19 @@ def attention_of_version(version: str) -> str | None:
     kernel, as transformers has picked SDPA by default since)."""
     stated = _version(version)
     return "eager" if stated is not None and stated < (4, 36) else None
+
+
+BUFFERS_NOTE = ("the tables transformers {} built in every layer (rotary cos and sin tables over every position, "
+                "causal-mask tables), which the installed one does not (--buffers-of {})")
+
+
+def _buffers_of(version: str, model_type: str) -> str | None:
+    """The --buffers-of a figure's transformers calls for: its version where that version built per-layer tables for
+    ``model_type`` (a bound, only where every version before it did); None elsewhere."""
+    stated = _version(version)
+    if stated is None or not builds_tables(model_type, stated, or_earlier=version.strip().startswith("<")):
+        return None
+    return f"{stated[0]}.{stated[1]}"
 
 
 EAGER_NOTE = ("attention op by op (--attention eager): transformers {} predates attn_implementation (4.36), so its "
