@@ -132,6 +132,32 @@ def invoke(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
+def users_distributed_script(run: str, imports: str, wrap: str) -> str:
+    """A user's script: a two-layer Llama trained in their own loop under torchrun (gloo), recorded into
+    ``traces/<run>`` by a Session; ``wrap`` (after ``imports``) turns ``model`` into what they train."""
+    return f'''
+import torch, torch.distributed as dist, profkit
+from transformers import AutoConfig, AutoModelForCausalLM
+{imports}
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, vocab_size=1000)
+model = AutoModelForCausalLM.from_config(config)
+{wrap}
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+with profkit.Session("traces/{run}", model=model, optimizer=optimizer, warmup_steps=1, timed_steps=1,
+                     profiled_steps=1, memory_steps=1) as session:
+    for _ in range(20):
+        ids = torch.randint(0, 1000, (2, 64))
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        session.step()
+'''
+
+
 def torchrun(script: str, cwd: Path, nproc: int = 2) -> None:
     """A user's training script run as they would run it: under torchrun, ``nproc`` ranks, in ``cwd``."""
     path = cwd / "train.py"

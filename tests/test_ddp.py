@@ -19,7 +19,7 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import build_model
 from profkit.predict.estimate import estimate_run
 from profkit.record.hf import is_trainer_ddp
-from tests.conftest import torchrun
+from tests.conftest import torchrun, users_distributed_script
 
 
 @pytest.fixture
@@ -54,26 +54,8 @@ def test_the_estimate_holds_the_buckets_ddp_allocates(name, group_of_one):
     assert not any("DDP" in n for n in alone.notes)
 
 
-USER_SCRIPT = '''
-import torch, torch.distributed as dist, profkit
-from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoConfig, AutoModelForCausalLM
-
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, vocab_size=1000)
-model = DistributedDataParallel(AutoModelForCausalLM.from_config(config))
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-with profkit.Session("traces/my_ddp", model=model, optimizer=optimizer, warmup_steps=1, timed_steps=1,
-                     profiled_steps=1, memory_steps=1) as session:
-    for _ in range(20):
-        ids = torch.randint(0, 1000, (2, 64))
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        session.step()
-'''
+USER_SCRIPT = users_distributed_script("my_ddp", "from torch.nn.parallel import DistributedDataParallel",
+                                       "model = DistributedDataParallel(model)")
 
 
 def test_a_users_ddp_script_under_torchrun(tmp_path):

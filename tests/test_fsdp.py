@@ -18,7 +18,7 @@ from profkit.launch.workload import build
 from profkit.model.build import plan
 from profkit.predict.estimate import estimate, estimate_run
 from profkit.report import findings
-from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS, invoke, torchrun
+from tests.conftest import FSDP_METHODS, FSDP_ON_TWO_RANKS, invoke, torchrun, users_distributed_script
 
 STATIC = ("parameters_trainable", "parameters_frozen", "parameters_quantized", "optimizer_state", "gradients")
 
@@ -139,29 +139,8 @@ def test_the_estimate_answers_fsdp_or_zero3():
     assert fsdp.instants["backward"]["parameters_unsharded"] > 0 and any("FSDP2 over 4" in n for n in fsdp.notes)
 
 
-USER_SCRIPT = '''
-import torch, torch.distributed as dist, profkit
-from torch.distributed.fsdp import fully_shard
-from transformers import AutoConfig, AutoModelForCausalLM
-
-dist.init_process_group("gloo")
-torch.manual_seed(0)
-config = AutoConfig.for_model("llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, vocab_size=1000)
-model = AutoModelForCausalLM.from_config(config)
-for layer in model.model.layers:
-    fully_shard(layer)
-fully_shard(model)
-optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-with profkit.Session("traces/my_fsdp", model=model, optimizer=optimizer, warmup_steps=1, timed_steps=1,
-                     profiled_steps=1, memory_steps=1) as session:
-    for _ in range(20):
-        ids = torch.randint(0, 1000, (2, 64))
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        session.step()
-'''
+USER_SCRIPT = users_distributed_script("my_fsdp", "from torch.distributed.fsdp import fully_shard",
+                                       "for layer in model.model.layers:\n    fully_shard(layer)\nfully_shard(model)")
 
 
 def test_a_users_fsdp2_script_under_torchrun(tmp_path):
