@@ -19,6 +19,7 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import build_model
 from profkit.predict.estimate import estimate_run
 from profkit.record.hf import is_trainer_ddp
+from profkit.record.inventory import ddp_bucket_sizes
 from tests.conftest import torchrun, users_distributed_script
 
 
@@ -34,18 +35,12 @@ def group_of_one():
         dist.destroy_process_group()
 
 
-def _ddp_bucket_bytes(model) -> int:
-    """What DDP's reducer allocated for its buckets, as DDP reports it (bytes per bucket)."""
-    ddp = DistributedDataParallel(model)
-    return sum(int(b) for b in ddp._get_ddp_logging_data()["bucket_sizes"].split(","))
-
-
 @pytest.mark.parametrize("name", ["full", "full_gc", "lora", "qlora"])
 def test_the_estimate_holds_the_buckets_ddp_allocates(name, group_of_one):
     method = get_method(name)
     settings = RunSettings(method=name, preset="micro").resolved()
     alone, replicated = (estimate_run(method, settings, "cpu", ranks) for ranks in (1, 2))
-    buckets = _ddp_bucket_bytes(build_model(method, settings, "cpu"))
+    buckets = sum(ddp_bucket_sizes(DistributedDataParallel(build_model(method, settings, "cpu"))))
     assert buckets > 0 and replicated.detail["ddp_gradient_buckets"] == buckets
     for instant, categories in alone.instants.items():
         more = {c: replicated.instants[instant][c] - b for c, b in categories.items()}

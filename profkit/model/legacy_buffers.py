@@ -4,8 +4,8 @@ holds them on the device beside the weights.
 - Rotary tables: before 4.41 (Llama), 4.42 (Mistral), 4.45 (Qwen2, Qwen2-MoE, Phi and Falcon from 4.36, GPT-NeoX
   from 4.35) and 4.48 (Mixtral) each attention layer built cos and sin tables over every position
   (``max_position_embeddings`` x the rotary dimension), in the dtype the model was built in (GPT-NeoX in fp32 from
-  4.37). Mistral 7B at 32,768
-  positions: 0.54 GB; today one table of inverse frequencies is computed from per forward.
+  4.37). Mistral 7B at 32,768 positions: 0.54 GB; today one table of inverse frequencies is computed from per
+  forward.
 - Causal-mask tables: GPT-2 (through 4.x), GPT-J (before 4.45) and GPT-NeoX (before 4.49) kept a boolean
   lower-triangular mask over every pair of positions in each attention layer; Llama and Gemma kept one for the
   whole model in 4.38.
@@ -48,6 +48,7 @@ TABLES = (
     LegacyTable(frozenset({"llama", "gemma"}), "model_mask", (4, 38), (4, 39)),
 )
 
+
 def _positions(config) -> int:
     return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 2048)
 
@@ -84,9 +85,12 @@ def legacy_buffers(config, version: Version, dtype: torch.dtype) -> list[tuple[s
     return out
 
 
+def _bytes(shape: tuple[int, ...], dtype: torch.dtype, count: int) -> int:
+    return torch.Size(shape).numel() * dtype.itemsize * count
+
+
 def legacy_bytes(config, version: Version, dtype: torch.dtype) -> int:
-    return sum(torch.Size(shape).numel() * torch.empty((), dtype=d).element_size() * n
-               for _, shape, d, n in legacy_buffers(config, version, dtype))
+    return sum(_bytes(shape, d, n) for _, shape, d, n in legacy_buffers(config, version, dtype))
 
 
 def add_legacy_buffers(model: torch.nn.Module, layers: list[torch.nn.Module], config, version: Version,
@@ -100,8 +104,8 @@ def add_legacy_buffers(model: torch.nn.Module, layers: list[torch.nn.Module], co
         for i, owner in enumerate(owners):
             owner.register_buffer(f"_legacy_{name.split()[0]}_{i}", torch.empty(shape, dtype=built, device="meta"),
                                   persistent=False)
-        size = torch.Size(shape).numel() * torch.empty((), dtype=built).element_size() * count
-        said.append(f"{count} {name} of {tuple(shape)} {str(built).removeprefix('torch.')} ({size / 1e9:,.2f} GB)")
+        said.append(f"{count} {name} of {tuple(shape)} {str(built).removeprefix('torch.')} "
+                    f"({_bytes(shape, built, count) / 1e9:,.2f} GB)")
     return said
 
 

@@ -114,7 +114,7 @@ def ddp_bucket_rows(ddp: Any) -> list[dict]:
     no Python reference, so no op and no object walk sees them (owner ``ddp_buckets``)."""
     if ddp is None:
         return []
-    sizes = [int(b) for b in str(ddp._get_ddp_logging_data().get("bucket_sizes", "")).split(",") if b.strip()]
+    sizes = ddp_bucket_sizes(ddp)
     device = next((p.device.type for p in ddp.module.parameters()), "cpu")
     return [{"owner": "ddp_buckets", "detail": "DDP reducer buckets (DDP's bucket_sizes)", "dtype": "",
              "device": device, "bytes": sum(sizes), "tensors": len(sizes), "numel": 0}] if sizes else []
@@ -190,3 +190,8 @@ def _walk_framework(tally: _Tally, obj: Any, path: str, depth: int, owned: froze
             if k in ("optimizer", "module", "param_names", "_global_grad_norm"):
                 continue
             _walk_framework(tally, v, k if depth == 0 else f"{path}.{k}", depth + 1, owned)
+
+
+def ddp_bucket_sizes(ddp: Any) -> list[int]:
+    """The bytes of each of DDP's buckets, from DDP's own logging data (no public API exposes them)."""
+    return [int(b) for b in str(ddp._get_ddp_logging_data().get("bucket_sizes", "")).split(",") if b.strip()]
