@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from transformers import AutoConfig
 
@@ -380,6 +381,25 @@ def test_a_loop_that_leaves_the_kv_cache_on_under_its_own_checkpointing_holds_it
     # Without checkpointing attention saves those keys and values for backward: the setting does not apply.
     with pytest.raises(OverrideError, match="checkpointing methods"):
         with_overrides(get_method("lora"), keeps_kv_cache=True)
+
+
+@pytest.mark.parametrize("method, fused_dtype", [("full_gc", torch.bfloat16), ("qlora_gc", torch.float32)])
+def test_a_kept_cache_of_views_holds_the_fused_projection_it_views(method, fused_dtype):
+    """GPTBigCode (before transformers 4.53 it left the cache on under its own checkpointing) handed the cache
+    views of its fused QKV projection's output: the cache holds that output whole, every layer's, not a key and a
+    value the size of its one key-value head. Under QLoRA's autocast the 4-bit c_attn returns its input's dtype,
+    fp32 after LayerNorm."""
+    config = AutoConfig.for_model("gpt_bigcode", n_embd=64, n_layer=3, n_head=4, multi_query=True, n_positions=64,
+                                  n_inner=128, vocab_size=256)
+    batch, seq = 2, 32
+    settings = {"precision": "bf16-pure"} if method == "full_gc" else {"lora_targets": ("c_attn",)}
+    kept = estimate_module.estimate(with_overrides(get_method(method), keeps_kv_cache=True, **settings), config,
+                                    batch, seq)
+    head_dim = config.n_embd // config.n_head
+    fused = config.n_layer * batch * seq * (config.n_embd + 2 * head_dim) * fused_dtype.itemsize
+    assert kept.detail["kv_cache_held"] == fused
+    keys_and_values = config.n_layer * 2 * batch * seq * head_dim * fused_dtype.itemsize
+    assert kept.detail["kv_cache_held"] == 3 * keys_and_values  # the queries' 64 columns beside the key and value
 
 
 def test_litgpts_stack_the_head_in_4_bits_and_the_previous_steps_logits():

@@ -331,3 +331,19 @@ def test_the_buffers_of_the_sources_transformers_are_read(version, model_type, t
     figure = read_figure(_row(model="m", transformers=version), models)
     assert figure.method.buffers_of == (tables or "")
     assert any("--buffers-of" in a for a in figure.assumed) == bool(tables)
+
+
+@pytest.mark.parametrize("version, model_type, checkpointing, config, kept", [
+    ("4.48.1", "gpt_bigcode", "True", {}, True), ("<4.40 (not stated; the figure's date)", "gpt_bigcode", "True", {}, True),
+    ("4.53.0", "gpt_bigcode", "True", {}, False), ("4.48.1", "gpt_bigcode", "False", {}, False),
+    ("4.48.1", "gpt_bigcode", "True", {"use_cache": False}, False), ("4.48.1", "llama", "True", {}, False),
+    ("", "gpt_bigcode", "True", {}, False)])
+def test_a_model_that_left_its_cache_on_under_checkpointing_is_read_so(version, model_type, checkpointing, config,
+                                                                         kept):
+    """GPTBigCode before 4.53 built its KV cache in training under its own checkpointing (use_cache as the
+    configuration set it): --keeps-kv-cache. Other models turned it off; without checkpointing attention saves
+    those tensors anyway."""
+    models = {"m": {"config": {"model_type": model_type, **config}}}
+    figure = read_figure(_row(model="m", transformers=version, gradient_checkpointing=checkpointing), models)
+    assert figure.method.keeps_kv_cache == kept
+    assert any("--keeps-kv-cache" in a for a in figure.assumed) == kept

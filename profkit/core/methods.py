@@ -211,10 +211,11 @@ SETTINGS: dict[str, Setting] = {
                                       "recorded.", bool),
     "keeps_kv_cache": _setting("keeps_kv_cache", "train", lambda v: "keeps-kv-cache" if v else "no-kv-cache",
                                "--keeps-kv-cache", "The forward builds transformers' KV cache (use_cache left on, "
-                               "checkpointing applied outside the model: FSDP's or torch's checkpoint wrapper), so "
-                               "the outputs hold every layer's keys and values until the loop releases them "
-                               "(llama-recipes in 2023). Checkpointing methods (..._gc). Estimated, not recorded.",
-                               bool),
+                               "checkpointing applied outside the model: FSDP's or torch's checkpoint wrapper; or a "
+                               "model that left it on under its own, GPTBigCode before transformers 4.53), so the "
+                               "outputs hold every layer's keys and values, with the storage they are views of, "
+                               "until the loop releases them (llama-recipes in 2023). Checkpointing methods "
+                               "(..._gc). Estimated, not recorded.", bool),
     "precision": _setting("precision", "train", str, "--precision", f"{', '.join(PRECISIONS)} (mixed: autocast, "
                           "a frozen base loaded in half precision; amp: autocast over fp32 weights, the frozen base "
                           "too; pure: weights, gradients and optimizer state in bf16).", str, PRECISIONS),

@@ -251,6 +251,7 @@ class SavedForBackward:
     at_loss: int  # live while the loss is computed but not saved: the LM head's input, the logits the loss
     # reads, and the copies of them the loss makes (profkit.model.loss)
     loss_backward: int  # the loss' two gradients of the logits' size, live together at the start of backward
+    cache_held: int = 0  # what a KV cache built in the forward holds that checkpointing keeps nothing else of
 
     def end_of_forward(self, checkpointing: bool) -> int:
         """The forward's high point: at the loss, where the logits are live beside everything saved."""
@@ -269,9 +270,11 @@ class SavedForBackward:
 
 
 def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, autocast: torch.dtype | None,
-                       gathered: dict[int, int] | None = None, loss: str = "fp32") -> SavedForBackward:
+                       gathered: dict[int, int] | None = None, loss: str = "fp32",
+                       builds_cache: bool = False) -> SavedForBackward:
     """One training forward on the meta device, the loss computed as ``loss`` computes it (profkit.model.loss);
-    every saved tensor counted once per storage.
+    every saved tensor counted once per storage. ``builds_cache``: the forward builds a KV cache as transformers 4
+    did (``_HandedOverCache``), and what it holds beyond the layers' inputs is counted apart.
 
     ``gathered``: ids of parameters that ZeRO-3 gathers into a fresh buffer for each use and releases
     after, with that buffer's bytes (a 4-bit weight's packed storage, not its meta stand-in's); when autograd saves
@@ -280,7 +283,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     gathered = gathered or {}
     copies = {storage_id(t): gathered[id(t)] for t in model.parameters() if id(t) in gathered}
     static = {storage_id(t) for t in [*model.parameters(), *model.buffers()] if id(t) not in gathered}
-    seen: set[tuple[str, int]] = set()
+    seen: dict[tuple[str, int], str] = {}  # each counted storage, with the region that saved it
     where = {"region": "before"}
     by_region: dict[str, int] = {"before": 0, "after": 0}
     layer_order: list[str] = []
@@ -296,7 +299,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
         key = storage_id(t)
         if key in static or key in seen:
             return
-        seen.add(key)
+        seen[key] = region
         held.append(t)
         by_region[region] = by_region.get(region, 0) + copies.get(key, storage.nbytes())
 
@@ -334,15 +337,17 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     handles.append(model.get_output_embeddings().register_forward_hook(lm_head_input))
     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
     count(batch, "before")  # the batch is held through the step (input_ids and labels are one tensor)
+    cache = _HandedOverCache() if builds_cache else None
+    caching = {"use_cache": True, "past_key_values": cache} if cache is not None else {}
     try:
         with contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 TargetDevice(target, autocast):
             if loss == "chunked":  # the decoder only: the loss' chunks are checkpointed, so counted below
-                hidden = model.get_decoder()(input_ids=batch).last_hidden_state
+                hidden = model.get_decoder()(input_ids=batch, **caching).last_hidden_state
             elif loss == "fp32":  # as the model computes it
-                logits = model(input_ids=batch, labels=batch).logits
+                logits = model(input_ids=batch, labels=batch, **caching).logits
             else:
-                logits = model(input_ids=batch).logits
+                logits = model(input_ids=batch, **caching).logits
                 loss_of_logits(logits, batch, loss)
         if loss == "chunked":
             head = model.get_output_embeddings()
@@ -373,8 +378,27 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
         for h in handles:
             h.remove()
     live_at_loss = sum(b for key, b in at_loss.items() if key not in seen)
+    # Under checkpointing a layer's saved tensors are dropped when it returns; the cache keeps what it was handed,
+    # unless that is a layer input or saved outside the layers (counted already).
+    cached = {storage_id(t): t.untyped_storage().nbytes() for t in (cache.handed_over if cache is not None else [])}
+    cache_held = sum(b for key, b in cached.items()
+                     if key not in static and key not in inputs and seen.get(key) not in ("before", "after"))
     return SavedForBackward(by_region["before"], [by_region.get(n, 0) for n in layer_order],
-                            sum(inputs.values()), by_region["after"], live_at_loss, loss_backward)
+                            sum(inputs.values()), by_region["after"], live_at_loss, loss_backward, cache_held)
+
+
+class _HandedOverCache(DynamicCache):
+    """The KV cache of a training forward as transformers 4 kept it: each layer's keys and values as the layer
+    handed them over, not copied (its tuples held the tensors themselves, and a view holds its whole storage:
+    GPTBigCode's and GPT-2's keys are views of the fused QKV projection's output). Today's cache copies them."""
+
+    def __init__(self):
+        super().__init__()
+        self.handed_over: list[torch.Tensor] = []
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.handed_over += [key_states, value_states]
+        return key_states, value_states
 
 
 def _zero3_storage_bytes(p: torch.Tensor, quantized: bool) -> int:
@@ -778,7 +802,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
             if prm.is_floating_point() and id(prm) not in four_bit:
                 prm.data = prm.data.to(plan.fsdp_param_dtype)
     with zero3_linear(zero3_linear_saves, unless=four_bit):
-        saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered, method.loss)
+        saved = saved_for_backward(model, batch_size, seq_len, target, plan.autocast, gathered, method.loss,
+                                   builds_cache=method.keeps_kv_cache)
     # What a 4-bit layer keeps on its autograd context (--bnb-keeps-inputs) outlives backward while the loop holds
     # the step's logits (--keeps-previous-logits): its inputs, counted once per storage.
     kept_inputs = [m.kept_input for m in model.modules() if getattr(m, "kept_input", None) is not None]
@@ -811,16 +836,16 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
                      f"its backward, and the previous step's logits{inputs} ({human_bytes(previous)}) until the next "
                      "forward returns, beside its own")
     if method.keeps_kv_cache:
-        # The cache the forward builds: transformers 4's tuples (the version such loops ran) held every position of
-        # every layer, and nothing else holds them under checkpointing. Alive from the forward to the loop's release
-        # of the outputs; with --keeps-previous-logits through backward and, the previous step's, to the next
-        # forward's end.
-        cache = kv_cache_bytes(model.config.get_text_config(), batch_size, seq_len, compute_size)
+        # The cache the forward builds (saved_for_backward measures what it holds): transformers 4's tuples held
+        # every position of every layer, and nothing else holds them under checkpointing. Alive from the forward to
+        # the loop's release of the outputs; with --keeps-previous-logits through backward and, the previous step's,
+        # to the next forward's end.
+        cache = saved.cache_held
         detail["kv_cache_held"] = cache
         forward_activations += cache * (2 if method.keeps_previous_logits else 1)
         backward_activations += cache if method.keeps_previous_logits else 0
-        notes.append(f"--keeps-kv-cache: the forward's outputs hold every layer's keys and values "
-                     f"({human_bytes(cache)}) until the loop releases them: "
+        notes.append(f"--keeps-kv-cache: the forward's outputs hold every layer's keys and values, with the storage "
+                     f"they are views of ({human_bytes(cache)}), until the loop releases them: "
                      + ("through backward, and the previous step's until the next forward returns"
                         if method.keeps_previous_logits else "at the loss, freed before backward"))
     if method.quantize_head and target == "cuda" and method.quantization:

@@ -318,6 +318,9 @@ def read_figure(r, models: dict) -> Figure:
     if "kv cache" in getattr(r, "loop", "").lower():  # use_cache left on under a checkpoint wrapper of its own
         settings["keeps_kv_cache"] = True
         assumed.append("the source's forward builds transformers' KV cache and its outputs hold it (--keeps-kv-cache)")
+    elif name.endswith("_gc") and _caches_under_checkpointing(getattr(r, "transformers", ""), config):
+        settings["keeps_kv_cache"] = True
+        assumed.append(CACHE_NOTE.format(_version_named(r.transformers), model_type))
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
@@ -426,6 +429,20 @@ def _buffers_of(version: str, model_type: str) -> str | None:
     if stated is None or not builds_tables(model_type, stated, or_earlier=version.strip().startswith("<")):
         return None
     return f"{stated[0]}.{stated[1]}"
+
+
+# Models whose training forward went on building the KV cache under their own gradient checkpointing (use_cache as
+# the configuration set it, true by default), until the release that turned it off there: GPTBigCode until 4.53,
+# where its layers became GradientCheckpointingLayer (read in each release's modeling code, 4.31 to 4.53).
+CACHE_UNDER_CHECKPOINTING = {"gpt_bigcode": (4, 53)}
+CACHE_NOTE = ("transformers {} built {}'s KV cache in training under its own gradient checkpointing, and the "
+              "outputs held it to the loss (--keeps-kv-cache)")
+
+
+def _caches_under_checkpointing(version: str, config: dict) -> bool:
+    until = CACHE_UNDER_CHECKPOINTING.get(config.get("model_type", ""))
+    stated = _version(version)
+    return until is not None and stated is not None and stated < until and config.get("use_cache", True)
 
 
 EAGER_NOTE = ("attention op by op (--attention eager): transformers {} predates attn_implementation (4.36), so its "
