@@ -402,6 +402,34 @@ def test_a_kept_cache_of_views_holds_the_fused_projection_it_views(method, fused
     assert kept.detail["kv_cache_held"] == 3 * keys_and_values  # the queries' 64 columns beside the key and value
 
 
+def test_the_trainers_mixed_precision_returns_the_logits_in_fp32_beside_the_16_bit_ones():
+    """accelerate (the Trainer's --bf16) wraps the forward in convert_outputs_to_fp32: when it returns, the 16-bit
+    logits and their fp32 copy are live beside everything saved. Where that is the forward's high point (a held
+    cache, and a loss that made no fp32 copy of its own: transformers 4's GPTBigCode), the Trainer's estimate is
+    higher by that; profkit's own loop and bf16-pure make no copy."""
+    config = AutoConfig.for_model("gpt_bigcode", n_embd=64, n_layer=3, n_head=4, multi_query=True, n_positions=64,
+                                  n_inner=128, vocab_size=1024)
+    batch, seq = 2, 32
+    method = with_overrides(get_method("qlora_gc"), keeps_kv_cache=True, lora_targets=("c_attn",),
+                            loss="logits-dtype")
+
+    def run(method, engine):
+        return estimate_module.estimate(method, config, batch, seq, 1, "cuda", "", engine)
+
+    trainer, loop = run(method, "trainer"), run(method, "loop")
+    fp32_logits = batch * seq * config.vocab_size * 4
+    assert trainer.detail["logits_converted_to_fp32"] == fp32_logits
+    assert "logits_converted_to_fp32" not in loop.detail
+    saved = (trainer.detail["saved_before_layers"] + trainer.detail["layer_inputs"]
+             + trainer.detail["saved_after_layers"] + trainer.detail["kv_cache_held"])
+    assert trainer.instants["forward"]["activations"] == saved + fp32_logits + fp32_logits // 2
+    assert trainer.instants["forward"]["activations"] > loop.instants["forward"]["activations"]
+    assert trainer.instants["backward"] == loop.instants["backward"]
+    assert any("returns the forward's outputs in fp32" in n for n in trainer.notes)
+    pure = run(with_overrides(method, precision="bf16-pure"), "trainer")
+    assert "logits_converted_to_fp32" not in pure.detail
+
+
 def test_litgpts_stack_the_head_in_4_bits_and_the_previous_steps_logits():
     """Two estimate-only settings for a stack other than profkit's (litgpt's, reports/estimate-vs-published/):
     --quantize-head stores the LM head in 4 bits (untied from the embeddings, which stay) and each use dequantizes it

@@ -347,3 +347,13 @@ def test_a_model_that_left_its_cache_on_under_checkpointing_is_read_so(version, 
     figure = read_figure(_row(model="m", transformers=version, gradient_checkpointing=checkpointing), models)
     assert figure.method.keeps_kv_cache == kept
     assert any("--keeps-kv-cache" in a for a in figure.assumed) == kept
+
+
+@pytest.mark.parametrize("loop, sharding, engine", [
+    ("transformers Trainer (fms-hf-tuning's TRL SFTTrainer)", "", "trainer"), ("", "FSDP via accelerate", "trainer"),
+    ("", "", "session"), ("litgpt's finetune script", "", "session")])
+def test_the_transformers_trainer_is_read_from_the_sources_loop_or_sharding(loop, sharding, engine):
+    """The Trainer engine (accelerate's mixed precision returns fp32 outputs; DeepSpeed through the Trainer runs
+    its own half-precision engine) where the source's loop is transformers' Trainer or its sharding is accelerate's."""
+    figure = read_figure(_row(loop=loop, sharding=sharding, gpu_count="2" if sharding else "1"), MODELS)
+    assert figure.engine == engine

@@ -252,11 +252,19 @@ class SavedForBackward:
     # reads, and the copies of them the loss makes (profkit.model.loss)
     loss_backward: int  # the loss' two gradients of the logits' size, live together at the start of backward
     cache_held: int = 0  # what a KV cache built in the forward holds that checkpointing keeps nothing else of
+    returned_logits: int = 0  # the 16-bit logits the model returns, where nothing saves them
+    logits_in_fp32: int = 0  # an fp32 copy of those
 
     def end_of_forward(self, checkpointing: bool) -> int:
         """The forward's high point: at the loss, where the logits are live beside everything saved."""
         layers = self.layer_inputs if checkpointing else sum(self.layers)
         return self.before_layers + layers + self.after_layers + self.at_loss
+
+    def outputs_converted(self, checkpointing: bool) -> int:
+        """After the forward, under accelerate's mixed precision (convert_outputs_to_fp32): the model's 16-bit
+        logits beside the fp32 copy made of them for its outputs; the loss' own copies are freed by then."""
+        layers = self.layer_inputs if checkpointing else sum(self.layers)
+        return self.before_layers + layers + self.after_layers + self.returned_logits + self.logits_in_fp32
 
     def during_backward(self, checkpointing: bool) -> int:
         """Without checkpointing, backward starts from everything saved. With it, the high point is either
@@ -293,6 +301,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     # is dropped) could hand its address to a later one, which would then be taken as already counted. Holding
     # every counted tensor keeps each address taken (on meta, holding costs nothing).
     held: list[torch.Tensor] = []
+    returned = (0, 0)  # the 16-bit logits the model returns and their fp32 copy's bytes
 
     def count(t: torch.Tensor, region: str) -> None:
         storage = t.untyped_storage()
@@ -364,6 +373,8 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
             # The logits the loss reads: the LM head's output, or what the model makes of it (Gemma 2 soft-caps
             # them).
             at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
+            if logits.dtype in (torch.float16, torch.bfloat16) and storage_id(logits) not in seen:
+                returned = (logits.untyped_storage().nbytes(), logits.numel() * 4)
             for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
                 at_loss[(name, 0)] = size
             loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss, target if autocast else None)
@@ -384,7 +395,8 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     cache_held = sum(b for key, b in cached.items()
                      if key not in static and key not in inputs and seen.get(key) not in ("before", "after"))
     return SavedForBackward(by_region["before"], [by_region.get(n, 0) for n in layer_order],
-                            sum(inputs.values()), by_region["after"], live_at_loss, loss_backward, cache_held)
+                            sum(inputs.values()), by_region["after"], live_at_loss, loss_backward, cache_held,
+                            *returned)
 
 
 class _HandedOverCache(DynamicCache):
@@ -809,6 +821,14 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
     kept_inputs = [m.kept_input for m in model.modules() if getattr(m, "kept_input", None) is not None]
     checkpointing = method.gradient_checkpointing
     forward_activations = saved.end_of_forward(checkpointing)
+    if engine == "trainer" and plan.autocast is not None and saved.logits_in_fp32:
+        # accelerate's mixed precision wraps the forward in convert_outputs_to_fp32: its outputs leave it in fp32
+        converted = saved.outputs_converted(checkpointing)
+        detail["logits_converted_to_fp32"] = saved.logits_in_fp32
+        notes.append(f"the Trainer's mixed precision (accelerate) returns the forward's outputs in fp32: an fp32 copy "
+                     f"of the logits ({human_bytes(saved.logits_in_fp32)}) beside the 16-bit ones when the forward "
+                     "returns, freed before backward")
+        forward_activations = max(forward_activations, converted)
     backward_activations = saved.during_backward(checkpointing)
     detail.update(saved_before_layers=saved.before_layers, saved_per_layer_max=max(saved.layers),
                   saved_layers_total=sum(saved.layers), saved_after_layers=saved.after_layers,

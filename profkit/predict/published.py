@@ -325,7 +325,10 @@ def read_figure(r, models: dict) -> Figure:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
         return Figure(None, model, reason=f"setting not understood: {exc}")
-    engine = "trainer" if "accelerate" in sharding else "session"  # the source's own loop, not profkit's
+    # transformers' Trainer (through accelerate) where the source says so, or its sharding names accelerate; else
+    # the source's own loop, estimated as profkit's
+    trainer = "accelerate" in sharding or "transformers trainer" in getattr(r, "loop", "").lower()
+    engine = "trainer" if trainer else "session"
     # DDP (PyTorch's, or Lightning's DDPStrategy): a replica per rank, and the reducer's gradient buckets. FSDP's
     # "ddp mode" (NO_SHARD) keeps FSDP's flat parameters instead and is not DDP.
     ddp = bool(re.search(r"\bddp", sharding)) and "fsdp" not in sharding
