@@ -170,10 +170,14 @@ def test_experts_stay_16_bit_under_qlora_and_frozen_experts_save_no_input():
     (("phi3", dict(pad_token_id=32000)), "full", "Padding_idx must be within num_embeddings"),
     (("gpt_bigcode", dict(n_embd=64, n_layer=2, n_head=4, n_positions=16)), "full", "at most 16 tokens"),
     (("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=16)), "infer_fp16", "at most 16 tokens"),
+    (("jamba", dict(num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1)), "full_gc-keeps-kv-cache",
+     "Jamba caches its state-space layers' states"),
 ])
 def test_what_cannot_be_built_is_refused_with_its_reason(config, method, reason):
+    name, _, setting = method.partition("-")
+    method = with_overrides(get_method(name), keeps_kv_cache=True) if setting else get_method(name)
     with pytest.raises(EstimateError, match=reason):
-        estimate(get_method(method), _config(config[0], **config[1]), 2, 32, 1, "cuda", config[0])
+        estimate(method, _config(config[0], **config[1]), 2, 32, 1, "cuda", config[0])
 
 
 def test_a_sequence_past_learned_positions_is_refused_before_a_recording_runs(family_checkpoints):

@@ -334,7 +334,8 @@ def test_the_buffers_of_the_sources_transformers_are_read(version, model_type, t
 
 
 @pytest.mark.parametrize("version, model_type, checkpointing, config, kept", [
-    ("4.48.1", "gpt_bigcode", "True", {}, True), ("<4.40 (not stated; the figure's date)", "gpt_bigcode", "True", {}, True),
+    ("4.48.1", "gpt_bigcode", "True", {}, True),
+    ("<4.40 (not stated; the figure's date)", "gpt_bigcode", "True", {}, True),
     ("4.53.0", "gpt_bigcode", "True", {}, False), ("4.48.1", "gpt_bigcode", "False", {}, False),
     ("4.48.1", "gpt_bigcode", "True", {"use_cache": False}, False), ("4.48.1", "llama", "True", {}, False),
     ("", "gpt_bigcode", "True", {}, False)])

@@ -514,7 +514,8 @@ ESTIMATED_ONLY = (
     ("bnb_keeps_inputs", "--bnb-keeps-inputs", "bitsandbytes before 0.43.2",
      "the installed bitsandbytes frees each 4-bit layer's input"),
     ("keeps_kv_cache", "--keeps-kv-cache", "a training forward that builds transformers' KV cache under "
-     "checkpointing (llama-recipes' wrapper; GPTBigCode before transformers 4.53)", "profkit trains with the cache off"),
+     "checkpointing (llama-recipes' wrapper; GPTBigCode before transformers 4.53)",
+     "profkit trains with the cache off"),
     ("fsdp_flat", "--fsdp-flat", "FSDP1's flat parameters (FullyShardedDataParallel, use_orig_params)",
      "profkit runs FSDP2 (fully_shard)"),
     ("buffers_of", "--buffers-of", "the buffers an older transformers built in every layer",

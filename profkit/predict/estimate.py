@@ -47,6 +47,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
@@ -346,7 +347,11 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     handles.append(model.get_output_embeddings().register_forward_hook(lm_head_input))
     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
     count(batch, "before")  # the batch is held through the step (input_ids and labels are one tensor)
-    cache = _HandedOverCache() if builds_cache else None
+    cache = _HandedOverCache(model.config) if builds_cache else None
+    if cache is not None and any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers):
+        architecture = type(model.config).__name__.removesuffix("Config")
+        raise EstimateError(f"--keeps-kv-cache: {architecture} caches its state-space layers' states beside "
+                            "attention's keys and values; what such a cache holds in training is not modelled")
     caching = {"use_cache": True, "past_key_values": cache} if cache is not None else {}
     try:
         with contiguous_batches(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
@@ -404,8 +409,8 @@ class _HandedOverCache(DynamicCache):
     handed them over, not copied (its tuples held the tensors themselves, and a view holds its whole storage:
     GPTBigCode's and GPT-2's keys are views of the fused QKV projection's output). Today's cache copies them."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, config):
+        super().__init__(config=config)  # the layers the model's own cache would have (state-space ones too)
         self.handed_over: list[torch.Tensor] = []
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
