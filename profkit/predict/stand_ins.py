@@ -160,12 +160,15 @@ def _to_fp32(x):
 
 @contextlib.contextmanager
 def contiguous_batches():
-    """transformers looks for packed sequences in the position ids, a data-dependent test that meta tensors cannot
-    answer; profkit's batches and prompts are contiguous blocks, for which the answer is "none". transformers
-    offers no argument for it, so its function is swapped for the answer while the meta forward runs."""
-    original = masking_utils.find_packed_sequence_indices
+    """transformers looks for packed sequences in the position ids, and for padding in an attention mask a model
+    made itself (BioGPT's all-ones mask), data-dependent tests that meta tensors cannot answer; profkit's batches
+    and prompts are contiguous blocks of real tokens, for which the answers are "none" and "no padding".
+    transformers offers no argument for either, so its functions are swapped for the answers while the meta
+    forward runs."""
+    packed, all_true = masking_utils.find_packed_sequence_indices, masking_utils.fast_all
     masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    masking_utils.fast_all = lambda mask: True if mask.device.type == "meta" else all_true(mask)
     try:
         yield
     finally:
-        masking_utils.find_packed_sequence_indices = original
+        masking_utils.find_packed_sequence_indices, masking_utils.fast_all = packed, all_true
