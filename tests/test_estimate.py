@@ -372,11 +372,13 @@ def test_a_loop_that_leaves_the_kv_cache_on_under_its_own_checkpointing_holds_it
 
     base, kept = run(), run(keeps_kv_cache=True)
     assert kept.detail["kv_cache_held"] == cache
-    assert kept.instants["forward"]["activations"] - base.instants["forward"]["activations"] == cache
+    assert kept.instants["forward"]["kv_cache"] == cache and base.instants["forward"]["kv_cache"] == 0
+    assert kept.instants["forward"]["activations"] == base.instants["forward"]["activations"]
     assert kept.instants["backward"] == base.instants["backward"]
     logits, both = run(keeps_previous_logits=True), run(keeps_previous_logits=True, keeps_kv_cache=True)
-    assert both.instants["forward"]["activations"] - logits.instants["forward"]["activations"] == 2 * cache
-    assert both.instants["backward"]["activations"] - logits.instants["backward"]["activations"] == cache
+    assert both.instants["forward"]["kv_cache"] == 2 * cache
+    assert both.instants["backward"]["kv_cache"] == cache
+    assert both.instants["backward"]["activations"] == logits.instants["backward"]["activations"]
     assert any(n.startswith("--keeps-kv-cache") for n in both.notes)
     # Without checkpointing attention saves those keys and values for backward: the setting does not apply.
     with pytest.raises(OverrideError, match="checkpointing methods"):
@@ -421,8 +423,9 @@ def test_the_trainers_mixed_precision_returns_the_logits_in_fp32_beside_the_16_b
     assert trainer.detail["logits_converted_to_fp32"] == fp32_logits
     assert "logits_converted_to_fp32" not in loop.detail
     saved = (trainer.detail["saved_before_layers"] + trainer.detail["layer_inputs"]
-             + trainer.detail["saved_after_layers"] + trainer.detail["kv_cache_held"])
+             + trainer.detail["saved_after_layers"])
     assert trainer.instants["forward"]["activations"] == saved + fp32_logits + fp32_logits // 2
+    assert trainer.instants["forward"]["kv_cache"] == trainer.detail["kv_cache_held"]
     assert trainer.instants["forward"]["activations"] > loop.instants["forward"]["activations"]
     assert trainer.instants["backward"] == loop.instants["backward"]
     assert any("returns the forward's outputs in fp32" in n for n in trainer.notes)

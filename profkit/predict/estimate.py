@@ -860,6 +860,7 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         notes.append(f"--keeps-previous-logits: the loop keeps each step's logits ({human_bytes(own_logits)}) through "
                      f"its backward, and the previous step's logits{inputs} ({human_bytes(previous)}) until the next "
                      "forward returns, beside its own")
+    held_cache: dict[str, int] = {}
     if method.keeps_kv_cache:
         # The cache the forward builds (saved_for_backward measures what it holds): transformers 4's tuples held
         # every position of every layer, and nothing else holds them under checkpointing. Alive from the forward to
@@ -867,8 +868,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         # to the next forward's end.
         cache = saved.cache_held
         detail["kv_cache_held"] = cache
-        forward_activations += cache * (2 if method.keeps_previous_logits else 1)
-        backward_activations += cache if method.keeps_previous_logits else 0
+        held_cache = {"forward": cache * (2 if method.keeps_previous_logits else 1),
+                      "backward": cache if method.keeps_previous_logits else 0}
         notes.append(f"--keeps-kv-cache: the forward's outputs hold every layer's keys and values, with the storage "
                      f"they are views of ({human_bytes(cache)}), until the loop releases them: "
                      + ("through backward, and the previous step's until the next forward returns"
@@ -908,6 +909,8 @@ def _estimate(method: Method, config, batch_size: int, seq_len: int, world_size:
         detail.update(fsdp.detail, adamw_step_temporaries=fsdp.optimizer_temporaries)
         notes += fsdp.notes
         host = fsdp.host
+    for name, held in held_cache.items():  # counted as what it is, the KV cache, not saved activations
+        instants[name]["kv_cache"] = held
     if method.grad_accum > 1:
         unsynced = fsdp is not None and method.grad_sync == "last"
         held = (fsdp.unsharded_gradients if unsynced else fsdp.gradients) if fsdp else accumulated
