@@ -256,16 +256,18 @@ class SavedForBackward:
     returned_logits: int = 0  # the 16-bit logits the model returns, where nothing saves them
     logits_in_fp32: int = 0  # an fp32 copy of those
 
+    def _saved_by_the_forward(self, checkpointing: bool) -> int:
+        layers = self.layer_inputs if checkpointing else sum(self.layers)
+        return self.before_layers + layers + self.after_layers
+
     def end_of_forward(self, checkpointing: bool) -> int:
         """The forward's high point: at the loss, where the logits are live beside everything saved."""
-        layers = self.layer_inputs if checkpointing else sum(self.layers)
-        return self.before_layers + layers + self.after_layers + self.at_loss
+        return self._saved_by_the_forward(checkpointing) + self.at_loss
 
     def outputs_converted(self, checkpointing: bool) -> int:
         """After the forward, under accelerate's mixed precision (convert_outputs_to_fp32): the model's 16-bit
         logits beside the fp32 copy made of them for its outputs; the loss' own copies are freed by then."""
-        layers = self.layer_inputs if checkpointing else sum(self.layers)
-        return self.before_layers + layers + self.after_layers + self.returned_logits + self.logits_in_fp32
+        return self._saved_by_the_forward(checkpointing) + self.returned_logits + self.logits_in_fp32
 
     def during_backward(self, checkpointing: bool) -> int:
         """Without checkpointing, backward starts from everything saved. With it, the high point is either
@@ -302,7 +304,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
     # is dropped) could hand its address to a later one, which would then be taken as already counted. Holding
     # every counted tensor keeps each address taken (on meta, holding costs nothing).
     held: list[torch.Tensor] = []
-    returned = (0, 0)  # the 16-bit logits the model returns and their fp32 copy's bytes
+    returned_logits = logits_in_fp32 = 0  # the 16-bit logits the model returns, and an fp32 copy's bytes
 
     def count(t: torch.Tensor, region: str) -> None:
         storage = t.untyped_storage()
@@ -379,7 +381,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
             # them).
             at_loss.setdefault(storage_id(logits), logits.untyped_storage().nbytes())
             if logits.dtype in (torch.float16, torch.bfloat16) and storage_id(logits) not in seen:
-                returned = (logits.untyped_storage().nbytes(), logits.numel() * 4)
+                returned_logits, logits_in_fp32 = logits.untyped_storage().nbytes(), logits.numel() * 4
             for name, size in live_beside_logits(tuple(logits.shape), logits.dtype, loss).items():
                 at_loss[(name, 0)] = size
             loss_backward = gradient_bytes(tuple(logits.shape), logits.dtype, loss, target if autocast else None)
@@ -401,7 +403,7 @@ def saved_for_backward(model, batch_size: int, seq_len: int, target: Target, aut
                      if key not in static and key not in inputs and seen.get(key) not in ("before", "after"))
     return SavedForBackward(by_region["before"], [by_region.get(n, 0) for n in layer_order],
                             sum(inputs.values()), by_region["after"], live_at_loss, loss_backward, cache_held,
-                            *returned)
+                            returned_logits, logits_in_fp32)
 
 
 class _HandedOverCache(DynamicCache):
