@@ -78,7 +78,7 @@ def estimate(
 
     from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
-    fitting = {e.method: _on_gpu(e, target) for e in estimates} if target else {}
+    fitting = {e.method: e.on_gpu(target) for e in estimates} if target else {}
     if fmt is Format.json:
         typer.echo(json.dumps([{**e.to_json(), **({"step_time": times[e.method].to_json()} if e.method in times else {}),
                                 **({"on_gpu": fitting[e.method]} if e.method in fitting else {})}
@@ -138,19 +138,8 @@ def _method_labels(out: Console, methods: list[str]) -> dict[str, str]:
     return label
 
 
-def _on_gpu(e, gpu) -> dict:
-    """Whether the method's step fits ``gpu``: ``Estimate.on_device`` where the step is replayed (the allocator with
-    the room it has there), else its allocated peak against the GPU's memory."""
-    replayed = e.on_device(gpu.memory_bytes) if e.settings.get("device") == "cuda" else None
-    if replayed is not None:
-        return {"gpu": gpu.key, "basis": "replay", **replayed,
-                "share": replayed["reserved_bytes"] / replayed["capacity_bytes"]}
-    return {"gpu": gpu.key, "basis": "allocated peak", "device_bytes": gpu.memory_bytes,
-            "fits": e.peak_bytes <= gpu.memory_bytes, "share": e.peak_bytes / gpu.memory_bytes}
-
-
 def _print_times(times: dict, gpu, estimates, fitting: dict) -> None:
-    """The step time on ``gpu``; ``fitting``: each method's ``_on_gpu`` there."""
+    """The step time on ``gpu``; ``fitting``: each method's ``Estimate.on_gpu`` there."""
     out = Console()
     categories = list(dict.fromkeys(c for st in times.values() for c in st.by_category))
     label = _method_labels(out, list(times))
