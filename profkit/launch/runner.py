@@ -115,13 +115,15 @@ def _record_into(method: Method, settings: RunSettings, partial: store.RunDir, o
     with open(partial.log, "w") as log:
         proc = subprocess.Popen(worker_command(settings, partial, events), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
-    interrupted = False
+    interrupted, ended = False, {}
     try:
         for event in _follow(events, proc):
             if event.get("event") == "start":
                 observer.method_started(method, event["total_steps"])
             elif event.get("event") == "step":
                 observer.step_done(method, event["phase"])
+            elif event.get("event") == "end":
+                ended = event
     except KeyboardInterrupt:
         # The worker (or torchrun) shares our terminal's process group and usually got the same Ctrl-C; make sure.
         interrupted = True
@@ -140,7 +142,8 @@ def _record_into(method: Method, settings: RunSettings, partial: store.RunDir, o
         try:
             record = partial.read_record()
         except store.ManifestError:  # the worker died before writing it, or while writing it
-            record = _record_for_dead_worker(settings, proc.returncode, interrupted, partial)
+            cause = ended.get("reason") or _last_exception(partial.log)
+            record = _record_for_dead_worker(settings, proc.returncode, interrupted, partial, cause)
             partial.write_manifest(record.to_json())
     return record
 
@@ -209,8 +212,21 @@ def _root_cause(log: Path) -> tuple[int, str] | None:
     return rank, f"exited with code {code}" + (f" ({name})" if name else "")
 
 
+def _last_exception(log: Path) -> str | None:
+    """The exception line of the last Python traceback in ``log`` (the first unindented line after its header)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    _, header, rest = text.rpartition("Traceback (most recent call last):")
+    if not header:
+        return None
+    return next((line for line in rest.splitlines() if line.strip() and not line[0].isspace()), None)
+
+
 def _record_for_dead_worker(settings: RunSettings, returncode: int, interrupted: bool,
-                            partial: store.RunDir) -> RunRecord:
+                            partial: store.RunDir, cause: str | None) -> RunRecord:
+    """``cause``: the worker's own reason (its last event, or the last exception in its log), if it left one."""
     if interrupted:
         status, reason = "interrupted", "stopped before the worker could write its manifest"
     elif returncode is not None and returncode < 0:
@@ -219,7 +235,8 @@ def _record_for_dead_worker(settings: RunSettings, returncode: int, interrupted:
                 else f" ({CRASH} the log)" if sig in CRASHES else "")
         status, reason = "failed", f"worker killed by {sig}{hint}; see {store.LOG}"
     else:
-        status, reason = "failed", f"worker exited with code {returncode} without a manifest; see {store.LOG}"
+        said = f": {cause}" if cause else ""
+        status, reason = "failed", f"worker exited with code {returncode} without a manifest{said}; see {store.LOG}"
     record = record_for(settings, status=status, reason=reason)
     record.files = partial.files()
     return record

@@ -112,7 +112,12 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
 def _write(record: RunRecord, run_dir: RunDir) -> None:
     record.finished_at = now()
     record.files = run_dir.files()
-    run_dir.write_manifest(record.to_json())
+    try:
+        run_dir.write_manifest(record.to_json())
+    except OSError as unwritten:  # a full disk: the end event carries why there is no manifest
+        record.status = "failed"
+        record.reason = f"{record.reason}; writing the manifest failed: {type(unwritten).__name__}: {unwritten}"
+        raise
 
 
 def _interrupt(signum, frame) -> None:

@@ -23,8 +23,10 @@ class PhaseLabels:
     """The phase labels of the profiling cycles: hooks installed for those cycles only, so timed steps run
     with nothing added. Ranges are opened and closed on the thread that runs the code they label."""
 
-    def __init__(self, session):  # the Session it labels (its parts, phase, inventory and inference flag)
-        self.session = session
+    def __init__(self, parts, inference: bool, at_optimizer_step: Callable[[], None]):
+        self.parts = parts  # the model and optimizer labelled (describe.Parts)
+        self.inference = inference
+        self.at_optimizer_step = at_optimizer_step  # called as each optimizer step begins (the inventory's moment)
         self.handles: list = []
         self.patched: list[tuple[Any, str, Any, bool]] = []  # (object, attribute, original, was instance attr)
         self.local = threading.local()
@@ -43,8 +45,7 @@ class PhaseLabels:
         if self.active:
             return
         self.active = True
-        s = self.session
-        model = s.parts.model
+        model = self.parts.model
         self.handles.append(model.register_forward_pre_hook(self._forward_pre, with_kwargs=True))
         self.handles.append(model.register_forward_hook(self._forward_post, always_call=True))
         # Hooks cost a few microseconds per call: only on normalization layers.
@@ -55,7 +56,7 @@ class PhaseLabels:
         # Gradient checkpointing: transformers (and peft, TRL) checkpoint through each layer's
         # ``_gradient_checkpointing_func``, bound when checkpointing was enabled; other code calls
         # ``torch.utils.checkpoint.checkpoint``. Both are wrapped so the recomputation is labelled.
-        if s.parts.optimizer is not None:
+        if self.parts.optimizer is not None:
             for module in model.modules():
                 func = vars(module).get("_gradient_checkpointing_func")
                 if func is not None:
@@ -65,9 +66,9 @@ class PhaseLabels:
         self._label_optimizer()
 
     def _label_optimizer(self) -> None:
-        p = self.session.parts
+        p = self.parts
         if p.engine is not None:
-            stepped = self._wrap(p.engine.step, labels.OPTIMIZER, inventory=True)
+            stepped = self._wrap(p.engine.step, labels.OPTIMIZER, optimizer_step=True)
             original = p.engine.step
             engine = p.engine
 
@@ -82,7 +83,7 @@ class PhaseLabels:
             self.handles.append(p.optimizer.register_step_pre_hook(lambda *a: self._optimizer_pre()))
             self.handles.append(p.optimizer.register_step_post_hook(lambda *a: self._optimizer_post()))
         elif p.optimizer is not None and callable(getattr(p.optimizer, "step", None)):
-            self._patch(p.optimizer, "step", self._wrap(p.optimizer.step, labels.OPTIMIZER, inventory=True))
+            self._patch(p.optimizer, "step", self._wrap(p.optimizer.step, labels.OPTIMIZER, optimizer_step=True))
 
     def _patch(self, obj: Any, attr: str, replacement: Any) -> None:
         had = attr in vars(obj)
@@ -114,7 +115,7 @@ class PhaseLabels:
     def open_data(self) -> None:
         # Training only: between one optimizer step and the next forward is the data loading. Inference has
         # no such boundary (generate() calls forward once per token), so its loop labels data itself.
-        if self.active and self.data is None and self.session.parts.optimizer is not None:
+        if self.active and self.data is None and self.parts.optimizer is not None:
             self.close_forward()
             self.data = self._open(labels.DATA)
 
@@ -123,10 +124,10 @@ class PhaseLabels:
             self.data.__exit__(None, None, None)
             self.data = None
 
-    def _wrap(self, fn: Callable, name: str, inventory: bool = False) -> Callable:
+    def _wrap(self, fn: Callable, name: str, optimizer_step: bool = False) -> Callable:
         def labelled(*args, **kwargs):
-            if inventory:
-                self._maybe_inventory()
+            if optimizer_step:
+                self.at_optimizer_step()
             inside = self._local("inside", set())
             if name in inside:  # DeepSpeed's step calling a wrapped step, a backward inside a backward
                 return fn(*args, **kwargs)
@@ -141,13 +142,9 @@ class PhaseLabels:
         labelled.__wrapped__ = fn
         return labelled
 
-    def _maybe_inventory(self) -> None:
-        if self.session._inventory_due():
-            self.session._take_inventory()
-
     def _optimizer_pre(self) -> None:
         self.close_forward()
-        self._maybe_inventory()
+        self.at_optimizer_step()
         self.local.optimizer = self._open(labels.OPTIMIZER)
 
     def _optimizer_post(self) -> None:
@@ -161,7 +158,7 @@ class PhaseLabels:
         self.close_forward()
         stack = self._local("forward", [])
         outermost = not any(stack)
-        if self.session.inference:
+        if self.inference:
             # generate(): the prompt's pass (several tokens per row) is the prefill, each later pass a decode.
             ids = _token_ids(args, kwargs)
             label = labels.PREFILL if ids is not None and ids.shape[-1] > 1 else labels.DECODE
@@ -174,7 +171,7 @@ class PhaseLabels:
         stack = self._local("forward", [])
         if stack:
             rf = stack.pop()
-            if rf is not None and not self.session.inference:
+            if rf is not None and not self.inference:
                 # The loss runs between the model's forward and backward, outside the model where a script computes
                 # its own (torchtune, a Trainer's compute_loss_func): it is forward work, so the label stays open
                 # until whatever comes next opens its own.
