@@ -1,0 +1,231 @@
+"""Generate docs/pages/reference.md from the code's own declarations.
+
+Nothing on the page is written by hand: the methods and their settings come from the registry
+(``profkit.core.methods``: ``METHODS``, ``SETTINGS``), the run settings from ``RunSettings``' declared options
+(``profkit.core.settings``), the presets from ``profkit.core.presets``, every command's arguments and options from
+the click commands typer builds (``profkit.cli.app``), each as its ``--help`` prints it, and the stack from
+``pyproject.toml``. ``tests/test_docs.py`` regenerates the page and fails when the committed one differs.
+
+    python docs/gen_reference.py          # rewrite the page
+    python docs/gen_reference.py --check  # exit 1 if the committed page is out of date
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "pages" / "reference.md"
+
+APPLIES = {  # Setting.applies, in words
+    "lora": "LoRA and QLoRA methods",
+    "quantized": "4-bit methods (QLoRA, infer_int4)",
+    "train": "training methods",
+    "infer": "generation methods",
+    "sharded": "ZeRO and FSDP methods",
+    "fsdp": "FSDP methods",
+    "any": "every method",
+}
+
+
+def _cell(text: object) -> str:
+    """Text for one Markdown table cell."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _code(text: object) -> str:
+    return f"`{text}`" if str(text) else ""
+
+
+def _methods() -> list[str]:
+    from profkit.core.methods import METHODS
+
+    lines = ["| method | kind | what it does | adapter | 4-bit | checkpointing | ZeRO stage | FSDP |",
+             "|---|---|---|---|---|---|---|---|"]
+    for m in METHODS.values():
+        lines.append(f"| `{m.name}` | {m.kind} | {_cell(m.description)} | {m.adapter} | {m.quantization or '-'} | "
+                     f"{'yes' if m.gradient_checkpointing else '-'} | {m.zero_stage or '-'} | "
+                     f"{'yes' if m.fsdp else '-'} |")
+    return lines
+
+
+def _method_settings() -> list[str]:
+    from profkit.core.methods import SETTINGS, Method
+
+    defaults = {f.name: f.default for f in dataclasses.fields(Method)}
+    lines = ["| option | applies to | values | registry default | what it sets |", "|---|---|---|---|---|"]
+    for setting in SETTINGS.values():
+        option = setting.option
+        flag = f"{option.flag}/--no-{option.flag[2:]}" if option.type is bool else option.flag
+        default = defaults.get(setting.field)
+        if isinstance(default, tuple):
+            default = ",".join(default)
+        elif isinstance(default, bool):
+            default = "on" if default else "off"
+        lines.append(f"| `{flag}` | {APPLIES[setting.applies]} | {_cell(_values(option))} | "
+                     f"{_code(default) if default not in (None, '') else 'the method' + chr(39) + 's own'} | "
+                     f"{_cell(option.help)} |")
+    return lines
+
+
+def _values(option) -> str:
+    if option.choices:
+        return ", ".join(option.choices)
+    if option.type is bool:
+        return "on / off"
+    bounds = []
+    if option.minimum is not None:
+        bounds.append(f">= {option.minimum:g}")
+    if option.maximum is not None:
+        bounds.append(f"<= {option.maximum:g}")
+    return option.type.__name__ + (" " + ", ".join(bounds) if bounds else "")
+
+
+def _run_settings() -> list[str]:
+    from profkit.core.settings import RunSettings
+
+    lines = ["| option | values | default | what it sets |", "|---|---|---|---|"]
+    for option, default in RunSettings.options().values():
+        lines.append(f"| `{option.flag}` | {_cell(_values(option))} | "
+                     f"{_code(default) if default is not None else '-'} | {_cell(option.help)} |")
+    return lines
+
+
+def _presets() -> list[str]:
+    from profkit.core.presets import DEFAULT_PRESET, PRESETS
+
+    lines = ["| preset | model | batch | sequence | new tokens |", "|---|---|---:|---:|---:|"]
+    for p in PRESETS.values():
+        name = f"`{p.name}` (default)" if p.name == DEFAULT_PRESET else f"`{p.name}`"
+        lines.append(f"| {name} | {_cell(p.description)} | {p.batch_size} | {p.seq_len} | {p.max_new_tokens} |")
+    return lines
+
+
+def _stack() -> list[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = [f"Python {project['requires-python']}.", "", "| package | versions |", "|---|---|"]
+    for requirement in project["dependencies"]:
+        name = requirement.split(";")[0]
+        cut = next((i for i, c in enumerate(name) if c in "<>=!~["), len(name))
+        lines.append(f"| {name[:cut].strip()} | `{name[cut:].strip() or 'any'}` |")
+    return lines
+
+
+def commands() -> dict[str, list[tuple[str, str]]]:
+    """Each command's help records, (the option or argument as --help names it, its help), in --help's order."""
+    import click
+    import typer
+
+    from profkit.cli import app
+
+    group = typer.main.get_command(app)
+    root = click.Context(group, info_name="profkit", **(group.context_settings or {}))
+    records = {}
+    for name, command in (("", group), *group.commands.items()):
+        ctx = root if command is group else click.Context(command, info_name=name, parent=root)
+        rows = []
+        for param in command.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows.append((record[0], record[1] or ""))
+        records[name] = rows
+    return records
+
+
+def _commands() -> list[str]:
+    import click
+    import typer
+
+    from profkit.cli import app
+
+    group = typer.main.get_command(app)
+    root = click.Context(group, info_name="profkit", **(group.context_settings or {}))
+    helps = commands()
+    lines = []
+    for name, command in (("", group), *group.commands.items()):
+        ctx = root if command is group else click.Context(command, info_name=name, parent=root)
+        title = " ".join(("profkit", name)).strip()
+        lines += [f"### {title}", "", "```text", f"{title} " + " ".join(command.collect_usage_pieces(ctx)), "```",
+                  "", _cell(command.help or ""), ""]
+        if name:
+            lines += [f"Worked examples: [profkit {name}](commands/{name}.md).", ""]
+        lines += ["| argument or option | help |", "|---|---|"]
+        lines += [f"| `{opts}` | {_cell(help_)} |" for opts, help_ in helps[name]]
+        if command.epilog:
+            lines += ["", _cell(command.epilog)]
+        lines.append("")
+    return lines
+
+
+def render() -> str:
+    lines = [
+        "# Settings reference",
+        "",
+        "<!-- Generated by docs/gen_reference.py from the code's declarations; do not edit by hand. "
+        "`make docs` rewrites it, tests/test_docs.py fails when it differs. -->",
+        "",
+        "Generated from the code's own declarations: the method registry (`profkit/core/methods.py`: `METHODS`, "
+        "`SETTINGS`), the run settings (`profkit/core/settings.py`: `RunSettings`' options), the presets "
+        "(`profkit/core/presets.py`), each command's options as its `--help` prints them (`profkit/cli/`), and the "
+        "supported stack (`pyproject.toml`).",
+        "",
+        "## Methods",
+        "",
+        "`profkit methods` prints the same registry (`--json` for all of each method's fields).",
+        "",
+        *_methods(),
+        "",
+        "## Method settings",
+        "",
+        "`profkit record` and `profkit estimate` take these on top of the method names. A setting that makes no "
+        "sense for a method (a LoRA rank for `full`) exits 2 and says why; one the device cannot run records the "
+        "run as `unsupported` with the reason. A run's directory name carries every changed setting "
+        "(`lora-r16-all-linear-adamw-8bit`).",
+        "",
+        *_method_settings(),
+        "",
+        "## Run settings",
+        "",
+        "`profkit record` takes all of these; `estimate` and `recommend` take the workload's (see each command "
+        "below). A run's manifest holds the effective values.",
+        "",
+        *_run_settings(),
+        "",
+        "## Presets",
+        "",
+        "Model configurations built with random weights: nothing is downloaded.",
+        "",
+        *_presets(),
+        "",
+        "## Stack",
+        "",
+        "The ranges `pyproject.toml` declares (tested together in CI on CPU; the lowest torch by "
+        "`analyses/lowest_torch.sh`).",
+        "",
+        *_stack(),
+        "",
+        "## Commands",
+        "",
+        *_commands(),
+    ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if PAGE.read_text() != text:
+            print(f"{PAGE.relative_to(ROOT)} is out of date: run `make docs`", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(text)
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
