@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.15.0
 RECORD_ARGS ?= --all
 
-.PHONY: setup record test test-fast clean gpu-wheels gpu-check
+.PHONY: setup record test test-fast docs clean gpu-wheels gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: setup
 # The pure layers on stored fixtures (core, store, analyze, predict on the meta device, report): under 2 minutes.
 test-fast: setup
 	$(BIN)/python -m pytest -m "not e2e"
+
+# The settings reference generated from the code (docs/gen_reference.py), then the site (docs/mkdocs.yml) built
+# strict into build/site: a broken link fails. tests/test_docs.py checks both.
+docs: setup
+	$(BIN)/python docs/gen_reference.py
+	$(BIN)/mkdocs build --strict --config-file docs/mkdocs.yml
 
 # The GPU check (README, "Checking on a GPU"). gpu-wheels runs where the registry is reached and fills the
 # git-ignored .gpu/wheels; gpu-check runs on the GPU machine with its own python3 and torch, installs from
