@@ -13,6 +13,7 @@ the click commands typer builds (``profkit.cli.app``), each as its ``--help`` pr
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -103,10 +104,20 @@ def _presets() -> list[str]:
     return lines
 
 
-def _stack() -> list[str]:
-    import tomllib
+def _project() -> dict:
+    """pyproject.toml's [project] table (tomllib is Python 3.11's; 3.10 reads the two keys used here)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    try:
+        import tomllib
+    except ImportError:
+        python = re.search(r'^requires-python\s*=\s*"([^"]+)"', text, re.M).group(1)
+        block = re.search(r"^dependencies\s*=\s*\[(.*?)^\]", text, re.M | re.S).group(1)
+        return {"requires-python": python, "dependencies": re.findall(r'^\s*"([^"]+)"', block, re.M)}
+    return tomllib.loads(text)["project"]
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+def _stack() -> list[str]:
+    project = _project()
     lines = [f"Python {project['requires-python']}.", "", "| package | versions |", "|---|---|"]
     for requirement in project["dependencies"]:
         name = requirement.split(";")[0]
