@@ -38,6 +38,12 @@ def test_reference_matches_the_code(generator, rendered):
     assert committed == rendered, "docs/pages/reference.md differs from the code's declarations: run `make docs`"
 
 
+def test_code_page_matches_the_tree(generator):
+    committed = generator.CODE_PAGE.read_text()
+    assert committed == generator.render_code(), ("docs/pages/code.md differs from the packages' docstrings or "
+                                                  "tests/test_layers.py: run `make docs`")
+
+
 def test_every_option_help_shows_is_in_the_reference(generator, rendered):
     import click
     import typer
