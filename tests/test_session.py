@@ -23,15 +23,12 @@ from profkit.record.environment import cpu_wait_share, scheduler_times
 from profkit.store.manifest import SCHEMA_VERSION
 from tests.conftest import invoke, run_cli
 
-README = Path(__file__).parent.parent / "README.md"
+OWN_TRAINING = Path(__file__).parent.parent / "docs" / "pages" / "own-training.md"  # the documented examples
 QUICK = dict(warmup_steps=0, timed_steps=1, profiled_steps=1, memory_steps=1)  # 5 steps
 
 
 def readme_examples() -> list[str]:
-    text = README.read_text()
-    section = text[text.index("## Profile your own training"):]
-    section = section[:section.index("\n## ", 3)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    return re.findall(r"```python\n(.*?)```", OWN_TRAINING.read_text(), re.S)
 
 
 def inventory_bytes(record: dict, owner: str, detail: str | None = None) -> int:
@@ -61,7 +58,7 @@ def check_training_run(bd, run: str, model_trainable: int) -> None:
 
 
 def test_readme_examples_record_and_break_down(tmp_path):
-    """The README's two examples, run as a user's scripts, give runs that the breakdown decomposes fully."""
+    """The documented examples (docs, "Your own training"), run as a user's scripts, give runs that the breakdown decomposes fully."""
     examples = readme_examples()
     assert len(examples) == 2
     for i, code in enumerate(examples):
