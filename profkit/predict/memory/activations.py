@@ -113,6 +113,7 @@ class _SavedCounter:
     def lm_head_input(self, module, args, output) -> None:
         self.at_loss.setdefault(storage_id(args[0]), args[0].untyped_storage().nbytes())
         self.head_input.append(args[0].numel() * args[0].element_size())
+        self.held.append(args[0])  # counted by its address, which must stay taken as the saved tensors' do
 
     def hook(self, model, layers) -> list:
         handles = [h for m in layers for h in (m.register_forward_pre_hook(self.enter, with_kwargs=True),
