@@ -102,6 +102,10 @@ def _stated(value: str) -> bool:
     return bool(value.strip())
 
 
+class _NoEstimate(Exception):
+    """Why a figure's settings do not determine an estimate; the message is the reason its Figure keeps."""
+
+
 def read_figure(r, models: dict) -> Figure:
     """The settings of one row of wide.csv, or why they do not determine an estimate."""
     model = next((name for name, entry in models.items() if r.model in (name, *entry.get("names", []))), None)
@@ -113,22 +117,64 @@ def read_figure(r, models: dict) -> Figure:
     if model_type is not None and model_type not in CONFIG_MAPPING:
         return Figure(None, model, reason=f"model_type {model_type}: an architecture transformers does not have "
                                          "(the model's own remote code)")
+    try:
+        parallel = _parallelism(r)
+        if not NUMBER.match(r.batch_size):
+            raise _NoEstimate(f"batch size not stated ({r.batch_size or 'empty'})")
+        assumed: list[str] = []
+        seq_len, varying = _sequence(r, assumed)
+        gpus = _ranks(r, parallel, assumed)
+        if r.kind == "infer":
+            return _generation_figure(r, model, models[model], seq_len, assumed)
+        return _training_figure(r, model, models[model], parallel, seq_len, varying, gpus, assumed)
+    except _NoEstimate as exc:
+        return Figure(None, model, reason=str(exc))
+
+
+@dataclass(frozen=True)
+class _Parallelism:
+    """How a figure's ranks hold the model, as its sharding and offload columns state it."""
+
+    sharding: str  # the column, lower case
+    fsdp: bool
+    fsdp1: bool
+    # FSDP1 with use_orig_params and one unit per decoder layer: a layer holding LoRA computes its gradient over all
+    # of its weights (--fsdp-flat). Without use_orig_params FSDP1 refuses such mixed units, so the stack wraps the
+    # trainable modules apart (peft's policy) and the gradients are the adapters' alone, as FSDP2's.
+    flat: bool
+    fsdp_offload: bool
+    zero_stage: str | None
+    zero_offload: str | None  # ZeRO-Offload: the optimizer (ZeRO-2 and 3), and with ZeRO-3 the parameters too
+
+    @property
+    def ddp(self) -> bool:
+        """DDP (PyTorch's, or Lightning's DDPStrategy): a replica per rank, and the reducer's gradient buckets.
+        FSDP's "ddp mode" (NO_SHARD) keeps FSDP's flat parameters instead and is not DDP."""
+        return bool(re.search(r"\bddp", self.sharding)) and "fsdp" not in self.sharding
+
+
+def _parallelism(r) -> _Parallelism:
     sharding, offload = r.sharding.lower(), r.offload.lower()
     if MODEL_PARALLEL.search(sharding):
-        return Figure(None, model, reason=f"{r.sharding}: model parallelism is not modelled")
+        raise _NoEstimate(f"{r.sharding}: model parallelism is not modelled")
     fsdp = "fsdp" in sharding and "ddp" not in sharding
     if fsdp and "hybrid" in sharding:
-        return Figure(None, model, reason=f"{r.sharding}: hybrid sharding is not modelled")
+        raise _NoEstimate(f"{r.sharding}: hybrid sharding is not modelled")
     fsdp_offload = fsdp and "fsdp cpu offload" in offload
     zero = re.search(r"zero-?(\d)", sharding)
-    zero_offload = None  # ZeRO-Offload: the optimizer (ZeRO-2 and 3), and with ZeRO-3 the parameters' partitions too
+    zero_offload = None
     if zero and "optimizer" in offload:
         zero_offload = "optimizer+params" if zero.group(1) == "3" and "param" in offload else "optimizer"
     if offload not in ("", "none") and not fsdp_offload and not zero_offload:
-        return Figure(None, model, reason=f"offload ({r.offload}) of this kind is not modelled")
-    if not NUMBER.match(r.batch_size):
-        return Figure(None, model, reason=f"batch size not stated ({r.batch_size or 'empty'})")
-    assumed: list[str] = []
+        raise _NoEstimate(f"offload ({r.offload}) of this kind is not modelled")
+    fsdp1 = fsdp and "fsdp2" not in sharding.replace(" ", "")
+    flat = fsdp1 and "use_orig_params true" in sharding and ("transformer_based_wrap" in sharding
+                                                             or "{block}" in sharding)
+    return _Parallelism(sharding, fsdp, fsdp1, flat, fsdp_offload, zero.group(1) if zero else None, zero_offload)
+
+
+def _sequence(r, assumed: list[str]) -> tuple[int, bool]:
+    """The sequence length the peak is at, and whether lengths vary from batch to batch."""
     seq = NUMBER.match(r.seq_len)
     capped = CAPPED.match(r.seq_len)
     if capped:  # batches padded to their longest sample, truncated at the cap: the peak is at a batch that reaches it
@@ -143,167 +189,183 @@ def read_figure(r, models: dict) -> Figure:
     elif seq:
         seq_len = int(seq.group(1))
     elif re.match(r"\s*\d+\s*\(max", r.seq_len):  # a cap, but not whether batches were padded to it or packed
-        return Figure(None, model, reason=f"sequence length stated as a maximum, not whether batches were padded to "
-                                          f"it, to their longest sample or packed ({r.seq_len})")
+        raise _NoEstimate(f"sequence length stated as a maximum, not whether batches were padded to it, to their "
+                          f"longest sample or packed ({r.seq_len})")
     else:
-        return Figure(None, model, reason=f"sequence length not stated as a number ({r.seq_len or 'empty'})")
+        raise _NoEstimate(f"sequence length not stated as a number ({r.seq_len or 'empty'})")
+    return seq_len, bool(capped)
+
+
+def _ranks(r, parallel: _Parallelism, assumed: list[str]) -> int:
+    """The GPUs the figure ran on, where its sharding says how they split the work."""
     gpus = int(float(r.gpu_count or 1))
-    fsdp1 = fsdp and "fsdp2" not in sharding.replace(" ", "")
-    # FSDP1 with use_orig_params and one unit per decoder layer: a layer holding LoRA computes its gradient over all
-    # of its weights (--fsdp-flat). Without use_orig_params FSDP1 refuses such mixed units, so the stack wraps the
-    # trainable modules apart (peft's policy) and the gradients are the adapters' alone, as FSDP2's.
-    flat = fsdp1 and "use_orig_params true" in sharding and ("transformer_based_wrap" in sharding
-                                                             or "{block}" in sharding)
-    if fsdp1:
+    if parallel.fsdp1:
         # FSDP1 flattens each unit's parameters into one buffer and shards that: the same bytes per rank as
         # FSDP2's per-parameter shards up to padding, and the same units gathered.
         assumed.append("FSDP1 estimated as FSDP2 (the same shards per rank up to padding, the same units gathered)"
                        + (", with its flat gradients: a decoder layer with a trainable parameter holds a gradient "
-                          "over all of its weights (use_orig_params, one unit per layer: --fsdp-flat)" if flat else
-                          ""))
-    if fsdp_offload:
+                          "over all of its weights (use_orig_params, one unit per layer: --fsdp-flat)"
+                          if parallel.flat else ""))
+    if parallel.fsdp_offload:
         assumed.append("FSDP's CPU offload moves the parameters' shards, gradients and optimizer state together")
-    if gpus > 1 and not zero and not fsdp and "ddp" not in sharding:
-        return Figure(None, model, reason=f"{gpus} GPUs with sharding {r.sharding or 'not stated'}")
-    if r.kind == "infer":
-        name = {"infer_bf16": "infer_fp16", "infer_fp16": "infer_fp16", "infer_int4": "infer_int4"}.get(r.method)
-        if name is None:
-            return Figure(None, model, reason=f"{r.method}: not a method profkit estimates")
-        overrides: dict = {}
-        if name == "infer_int4":
-            if _experts(models[model].get("config", {})) > 1 and not _transformers_5(r):
-                return Figure(None, model, reason=MOE_4BIT)
-            quant = r.quant_type.split(" ")[0].lower()
-            if quant not in ("nf4", "fp4"):
-                return Figure(None, model, reason=f"4-bit type not stated ({r.quant_type})")
-            overrides = {"quant_type": quant, "double_quant": "dq" in r.quant_type or r.double_quant.startswith("True")}
-        new = re.match(r"\s*(\d+)", r.max_new_tokens)
-        if not new:
-            return Figure(None, model, reason="new tokens not stated")
-        forms = generate_of_version(getattr(r, "transformers", ""),
-                                    models[model].get("config", {}).get("model_type", ""))
-        if forms:
-            overrides.update(forms)
-            assumed.append(f"generate() as transformers {_version_named(r.transformers)} ran it ("
-                           + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
-        if attention := attention_of_version(getattr(r, "transformers", "")):
-            overrides["attention"] = attention
-            assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
-        if tables := _buffers_of(getattr(r, "transformers", ""), model_type or ""):
-            overrides["buffers_of"] = tables
-            assumed.append(BUFFERS_NOTE.format(_version_named(r.transformers), tables))
-        return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
-                      1, int(new.group(1)), assumed=tuple(assumed))
+    if gpus > 1 and not parallel.zero_stage and not parallel.fsdp and "ddp" not in parallel.sharding:
+        raise _NoEstimate(f"{gpus} GPUs with sharding {r.sharding or 'not stated'}")
+    return gpus
+
+
+def _generation_figure(r, model: str, entry: dict, seq_len: int, assumed: list[str]) -> Figure:
+    name = {"infer_bf16": "infer_fp16", "infer_fp16": "infer_fp16", "infer_int4": "infer_int4"}.get(r.method)
+    if name is None:
+        raise _NoEstimate(f"{r.method}: not a method profkit estimates")
+    overrides: dict = {}
+    if name == "infer_int4":
+        if _experts(entry.get("config", {})) > 1 and not _transformers_5(r):
+            raise _NoEstimate(MOE_4BIT)
+        quant = r.quant_type.split(" ")[0].lower()
+        if quant not in ("nf4", "fp4"):
+            raise _NoEstimate(f"4-bit type not stated ({r.quant_type})")
+        overrides = {"quant_type": quant, "double_quant": "dq" in r.quant_type or r.double_quant.startswith("True")}
+    new = re.match(r"\s*(\d+)", r.max_new_tokens)
+    if not new:
+        raise _NoEstimate("new tokens not stated")
+    _generation_stack(r, entry, overrides, assumed)
+    return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
+                  1, int(new.group(1)), assumed=tuple(assumed))
+
+
+def _training_figure(r, model: str, entry: dict, parallel: _Parallelism, seq_len: int, varying: bool, gpus: int,
+                     assumed: list[str]) -> Figure:
     if r.method not in ("full", "lora", "qlora"):
-        return Figure(None, model, reason=f"method not stated as full, lora or qlora ({r.method or 'empty'})")
+        raise _NoEstimate(f"method not stated as full, lora or qlora ({r.method or 'empty'})")
     checkpointing = r.gradient_checkpointing.split(" ")[0].lower()
     if not checkpointing:
-        return Figure(None, model, reason="gradient checkpointing not stated")
+        raise _NoEstimate("gradient checkpointing not stated")
     if checkpointing not in ("true", "false", "full", "none"):  # selective (per-op) checkpointing, for one
-        return Figure(None, model, reason=f"gradient checkpointing {r.gradient_checkpointing}: not modelled")
+        raise _NoEstimate(f"gradient checkpointing {r.gradient_checkpointing}: not modelled")
+    settings = _optimizer_and_precision(r, assumed)
+    name = _method_name(r, checkpointing in ("true", "full"), parallel, settings)
+    _adapter_settings(r, settings, assumed)
+    engine = _training_stack(r, entry, parallel, name.endswith("_gc"), settings, assumed)
+    try:
+        method = with_overrides(get_method(name), **settings)
+    except OverrideError as exc:  # a setting the source states in words profkit has no value for
+        raise _NoEstimate(f"setting not understood: {exc}") from None
+    return Figure(method, model, int(r.batch_size), seq_len,
+                  gpus if parallel.zero_stage or parallel.fsdp or parallel.ddp else 1, 1, engine, varying=varying,
+                  assumed=tuple(assumed))
+
+
+def _optimizer_and_precision(r, assumed: list[str]) -> dict:
     optimizer = r.optimizer.lower()
     if "in_bwd" in optimizer:
-        return Figure(None, model, reason="the optimizer steps inside backward (not modelled)")
+        raise _NoEstimate("the optimizer steps inside backward (not modelled)")
     if not optimizer:
-        return Figure(None, model, reason="optimizer not stated")
+        raise _NoEstimate("optimizer not stated")
     if optimizer.startswith("none"):  # forward and backward only, as a benchmark of the two runs them
         settings: dict = {"optimizer": "sgd"}
         assumed.append("no optimizer step (forward and backward only) estimated as plain SGD, which holds no state "
                        "and steps in place; the gradients taken as freed between steps (zero_grad(set_to_none=True))")
     elif not re.search(r"adam", optimizer):
-        return Figure(None, model, reason=f"optimizer {r.optimizer.split(' (')[0]}: not one profkit estimates")
+        raise _NoEstimate(f"optimizer {r.optimizer.split(' (')[0]}: not one profkit estimates")
     else:
         settings = {"optimizer": "paged-adamw-8bit" if "paged" in optimizer else
                     "adamw-8bit" if "8bit" in optimizer else "adamw"}
     if "paged" in optimizer and "8bit" not in optimizer:
         assumed.append("32-bit paged AdamW taken as the 8-bit paged one: both keep their state outside PyTorch's "
                        "allocator")
-    if r.precision:
-        settings["precision"] = r.precision.split(" ")[0]  # the value, without the source's explanation after it
-        if settings["precision"] == "fp16-pure":  # profkit trains pure in bf16 only; fp16 holds the same bytes
-            settings["precision"] = "bf16-pure"
-            assumed.append("pure fp16 estimated as pure bf16: every tensor the same size (2-byte weights, gradients "
-                           "and optimizer state), only the values differ")
-    else:
-        return Figure(None, model, reason="precision not stated")
-    name = r.method + ("_gc" if checkpointing in ("true", "full") else "")
-    if zero:
-        name = f"{r.method}_zero{zero.group(1)}" + ("_gc" if name.endswith("_gc") else "")
-        if zero_offload:
-            settings["offload"] = zero_offload
-    if fsdp:
+    if not r.precision:
+        raise _NoEstimate("precision not stated")
+    settings["precision"] = r.precision.split(" ")[0]  # the value, without the source's explanation after it
+    if settings["precision"] == "fp16-pure":  # profkit trains pure in bf16 only; fp16 holds the same bytes
+        settings["precision"] = "bf16-pure"
+        assumed.append("pure fp16 estimated as pure bf16: every tensor the same size (2-byte weights, gradients "
+                       "and optimizer state), only the values differ")
+    return settings
+
+
+def _method_name(r, checkpointed: bool, parallel: _Parallelism, settings: dict) -> str:
+    """The registry's method for the stated method, checkpointing and sharding; the sharding's settings."""
+    name = r.method + ("_gc" if checkpointed else "")
+    if parallel.zero_stage:
+        name = f"{r.method}_zero{parallel.zero_stage}" + ("_gc" if name.endswith("_gc") else "")
+        if parallel.zero_offload:
+            settings["offload"] = parallel.zero_offload
+    if parallel.fsdp:
         name = f"{r.method}_fsdp" + ("_gc" if name.endswith("_gc") else "")
-        if "shard_grad_op" in sharding:
+        if "shard_grad_op" in parallel.sharding:
             settings["reshard_after_forward"] = False
-        if fsdp_offload:
+        if parallel.fsdp_offload:
             settings["offload"] = "optimizer+params"
+    return name
+
+
+def _adapter_settings(r, settings: dict, assumed: list[str]) -> None:
+    """LoRA's rank, targets and alpha; QLoRA's 4-bit settings and what its bitsandbytes kept."""
     if r.method == "lora" and r.quant_type.strip():  # LoRA over 8-bit (LLM.int8) weights, for one
-        return Figure(None, model, reason=f"LoRA over {r.quant_type.split(' (')[0]} base weights: not modelled")
+        raise _NoEstimate(f"LoRA over {r.quant_type.split(' (')[0]} base weights: not modelled")
     if r.method != "full":
         if not NUMBER.match(r.lora_r) or not _stated(r.lora_targets):
-            return Figure(None, model, reason="LoRA rank or targets not stated")
+            raise _NoEstimate("LoRA rank or targets not stated")
         settings.update(lora_rank=int(r.lora_r), lora_targets=_lora_targets(r.lora_targets))
         if NUMBER.match(r.lora_alpha):
             settings["lora_alpha"] = int(r.lora_alpha)
-    if r.method == "qlora":
-        quant = r.quant_type.split(" ")[0].lower()
-        if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
-            return Figure(None, model, reason=f"4-bit type or double quantization not stated ({r.quant_type})")
-        settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
-        if "experts too" in r.quant_type.lower():  # the fused MoE experts through bitsandbytes' parametrization
-            settings["quantize_experts"] = True
-            assumed.append("the fused MoE experts in 4 bits too (--quantize-experts), as the source's "
-                           "quantize_moe_experts does")
-        if "the lm head too" in r.quant_type.lower():  # a converter of every Linear layer (Lightning's plugin)
-            settings["quantize_head"] = True
-            assumed.append("the LM head in 4 bits too, quantized from fp16 (--quantize-head), as the source's "
-                           "quantizer converts every Linear layer")
-        if getattr(r, "kbit_upcast", "").startswith("False"):  # a stack that prepares without peft's fp32 cast
-            settings["kbit_upcast"] = False
-        bnb = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", getattr(r, "bitsandbytes", ""))
-        if bnb is None:
-            assumed.append("bitsandbytes version not stated: 0.43.2 or later, whose 4-bit layers keep no input for "
-                           "backward (earlier ones did: --bnb-keeps-inputs)")
-        elif tuple(int(g or 0) for g in bnb.groups()) < (0, 43, 2):
-            settings["bnb_keeps_inputs"] = True
-            assumed.append(f"bitsandbytes {bnb.group(0).strip()}: each 4-bit layer keeps its input for backward "
-                           "(--bnb-keeps-inputs, fixed in 0.43.2)")
-    config = models[model].get("config", {})
+    if r.method != "qlora":
+        return
+    quant = r.quant_type.split(" ")[0].lower()
+    if quant not in ("nf4", "fp4") or not _stated(r.double_quant):
+        raise _NoEstimate(f"4-bit type or double quantization not stated ({r.quant_type})")
+    settings.update(quant_type=quant, double_quant=r.double_quant.startswith("True"))
+    if "experts too" in r.quant_type.lower():  # the fused MoE experts through bitsandbytes' parametrization
+        settings["quantize_experts"] = True
+        assumed.append("the fused MoE experts in 4 bits too (--quantize-experts), as the source's "
+                       "quantize_moe_experts does")
+    if "the lm head too" in r.quant_type.lower():  # a converter of every Linear layer (Lightning's plugin)
+        settings["quantize_head"] = True
+        assumed.append("the LM head in 4 bits too, quantized from fp16 (--quantize-head), as the source's "
+                       "quantizer converts every Linear layer")
+    if getattr(r, "kbit_upcast", "").startswith("False"):  # a stack that prepares without peft's fp32 cast
+        settings["kbit_upcast"] = False
+    bnb = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", getattr(r, "bitsandbytes", ""))
+    if bnb is None:
+        assumed.append("bitsandbytes version not stated: 0.43.2 or later, whose 4-bit layers keep no input for "
+                       "backward (earlier ones did: --bnb-keeps-inputs)")
+    elif tuple(int(g or 0) for g in bnb.groups()) < (0, 43, 2):
+        settings["bnb_keeps_inputs"] = True
+        assumed.append(f"bitsandbytes {bnb.group(0).strip()}: each 4-bit layer keeps its input for backward "
+                       "(--bnb-keeps-inputs, fixed in 0.43.2)")
+
+
+# What the source's software stack (its transformers' version) and its own loop decide, apart from the stated
+# settings.
+
+def _generation_stack(r, entry: dict, overrides: dict, assumed: list[str]) -> None:
+    """generate()'s forms, attention and per-layer tables as the source's transformers ran them."""
+    model_type = entry.get("config", {}).get("model_type")
+    forms = generate_of_version(getattr(r, "transformers", ""), entry.get("config", {}).get("model_type", ""))
+    if forms:
+        overrides.update(forms)
+        assumed.append(f"generate() as transformers {_version_named(r.transformers)} ran it ("
+                       + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
+    if attention := attention_of_version(getattr(r, "transformers", "")):
+        overrides["attention"] = attention
+        assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
+    if tables := _buffers_of(getattr(r, "transformers", ""), model_type or ""):
+        overrides["buffers_of"] = tables
+        assumed.append(BUFFERS_NOTE.format(_version_named(r.transformers), tables))
+
+
+def _training_stack(r, entry: dict, parallel: _Parallelism, checkpointed: bool, settings: dict,
+                    assumed: list[str]) -> str:
+    """What the source's transformers and loop did in training: the 4-bit MoE experts, the loss, accumulation, flat
+    FSDP1 gradients, attention, logits and KV caches kept, per-layer tables; returns the engine its loop is
+    estimated with."""
+    config = entry.get("config", {})
+    model_type = config.get("model_type")
     if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
-        return Figure(None, model, reason=MOE_4BIT)
-    # The source's own code computes the loss (a trainer that takes the logits), the form first, then its words.
-    own_loss = getattr(r, "loss", "").split(" (")[0].strip()
-    if re.sub(r"[\s_]+", "-", own_loss.lower()) in FUSED_LOSSES:  # however the source spells the name
-        own_loss = "chunked"
-        assumed.append(f"the loss a fused linear cross-entropy ({r.loss.split(' (')[0]}), estimated with Liger's "
-                       "chunks (--loss chunked); Cut Cross-Entropy's blocks hold less still")
-    if own_loss:
-        settings["loss"] = own_loss
-        assumed.append(f"the loss as the source's own code computes it (--loss {own_loss})")
-    else:
-        try:
-            settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
-        except NotModelled as exc:
-            return Figure(None, model, reason=str(exc))
-        if settings["loss"] != "fp32":
-            assumed.append(f"the loss as transformers {_version_named(r.transformers)} computed it for "
-                           f"{config['model_type']} (--loss {settings['loss']})"
-                           + (UPCAST_IN_FORWARD if settings["loss"] == "fp32-shifted"
-                              and _version(r.transformers) < (4, 46) else ""))
-    accumulation = getattr(r, "grad_accum", "").strip()
-    if not accumulation:
-        assumed.append("gradient accumulation not stated: one micro-batch a step (more would keep the gradients "
-                       "alive through forward)")
-    elif not accumulation.isdigit():
-        return Figure(None, model, reason=f"gradient accumulation not a number ({accumulation})")
-    elif int(accumulation) > 1:
-        settings["grad_accum"] = int(accumulation)
-        if fsdp1 or (fsdp and "accelerate" in sharding):
-            # accelerate (the Trainer's) and Lightning accumulate under no_sync; torchtitan and torchtune reduce each
-            # micro-batch
-            settings["grad_sync"] = "last"
-            assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
-    if flat:
+        raise _NoEstimate(MOE_4BIT)
+    _loss_setting(r, config, settings, assumed)
+    _accumulation(r, parallel, settings, assumed)
+    if parallel.flat:
         settings["fsdp_flat"] = True
     if attention := attention_of_version(getattr(r, "transformers", "")):
         settings["attention"] = attention
@@ -318,22 +380,51 @@ def read_figure(r, models: dict) -> Figure:
     if "kv cache" in getattr(r, "loop", "").lower():  # use_cache left on under a checkpoint wrapper of its own
         settings["keeps_kv_cache"] = True
         assumed.append("the source's forward builds transformers' KV cache and its outputs hold it (--keeps-kv-cache)")
-    elif name.endswith("_gc") and _caches_under_checkpointing(getattr(r, "transformers", ""), config):
+    elif checkpointed and _caches_under_checkpointing(getattr(r, "transformers", ""), config):
         settings["keeps_kv_cache"] = True
         assumed.append(CACHE_NOTE.format(_version_named(r.transformers), model_type))
-    try:
-        method = with_overrides(get_method(name), **settings)
-    except OverrideError as exc:  # a setting the source states in words profkit has no value for
-        return Figure(None, model, reason=f"setting not understood: {exc}")
     # transformers' Trainer (through accelerate) where the source says so, or its sharding names accelerate; else
     # the source's own loop, estimated as profkit's
-    trainer = "accelerate" in sharding or "transformers trainer" in getattr(r, "loop", "").lower()
-    engine = "trainer" if trainer else "session"
-    # DDP (PyTorch's, or Lightning's DDPStrategy): a replica per rank, and the reducer's gradient buckets. FSDP's
-    # "ddp mode" (NO_SHARD) keeps FSDP's flat parameters instead and is not DDP.
-    ddp = bool(re.search(r"\bddp", sharding)) and "fsdp" not in sharding
-    return Figure(method, model, int(r.batch_size), seq_len, gpus if zero or fsdp or ddp else 1, 1, engine,
-                  varying=bool(capped), assumed=tuple(assumed))
+    trainer = "accelerate" in parallel.sharding or "transformers trainer" in getattr(r, "loop", "").lower()
+    return "trainer" if trainer else "session"
+
+
+def _loss_setting(r, config: dict, settings: dict, assumed: list[str]) -> None:
+    # The source's own code computes the loss (a trainer that takes the logits), the form first, then its words.
+    own_loss = getattr(r, "loss", "").split(" (")[0].strip()
+    if re.sub(r"[\s_]+", "-", own_loss.lower()) in FUSED_LOSSES:  # however the source spells the name
+        own_loss = "chunked"
+        assumed.append(f"the loss a fused linear cross-entropy ({r.loss.split(' (')[0]}), estimated with Liger's "
+                       "chunks (--loss chunked); Cut Cross-Entropy's blocks hold less still")
+    if own_loss:
+        settings["loss"] = own_loss
+        assumed.append(f"the loss as the source's own code computes it (--loss {own_loss})")
+        return
+    try:
+        settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
+    except NotModelled as exc:
+        raise _NoEstimate(str(exc)) from None
+    if settings["loss"] != "fp32":
+        assumed.append(f"the loss as transformers {_version_named(r.transformers)} computed it for "
+                       f"{config['model_type']} (--loss {settings['loss']})"
+                       + (UPCAST_IN_FORWARD if settings["loss"] == "fp32-shifted"
+                          and _version(r.transformers) < (4, 46) else ""))
+
+
+def _accumulation(r, parallel: _Parallelism, settings: dict, assumed: list[str]) -> None:
+    accumulation = getattr(r, "grad_accum", "").strip()
+    if not accumulation:
+        assumed.append("gradient accumulation not stated: one micro-batch a step (more would keep the gradients "
+                       "alive through forward)")
+    elif not accumulation.isdigit():
+        raise _NoEstimate(f"gradient accumulation not a number ({accumulation})")
+    elif int(accumulation) > 1:
+        settings["grad_accum"] = int(accumulation)
+        if parallel.fsdp1 or (parallel.fsdp and "accelerate" in parallel.sharding):
+            # accelerate (the Trainer's) and Lightning accumulate under no_sync; torchtitan and torchtune reduce each
+            # micro-batch
+            settings["grad_sync"] = "last"
+            assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
 
 
 # What profkit builds (transformers 5) is not what a figure from transformers 4 ran.
