@@ -115,25 +115,71 @@ def analyze_time(trace: Trace) -> TimeResult:
     steps = trace.step_windows()
     host = np.flatnonzero(trace.mask(*HOST_CATS))
     host = host[np.lexsort((-trace.dur[host], trace.ts[host]))]  # by start, parents before children
+    phase, context_cat, self_cat, parents, self_time = _walk_host(trace, host)
+    phase = np.array(phase, dtype=object)
+    main, windows = _profiled_thread(trace, host, steps, notes)
+    n_steps = len(windows)
+    ranges = int(trace.mask(COUNTER_RANGE).sum())
+    if ranges and not trace.has_gpu:
+        notes.append(f"{trace.path.name}: recorded in CUPTI counter mode: its {ranges:,} kernel ranges carry "
+                     "performance counters, not the kernels' timing (the range profiler replays each kernel), so "
+                     "the GPU side has no time breakdown; the host side is analysed")
+    if _infer_forward(trace, host, phase, windows):
+        notes.append(f"{trace.path.name}: no profkit labels; the forward phase is what runs in each step before "
+                     "its first backward op")
+    starts = np.array([w[0] for w in windows])
+    ends = np.array([w[1] for w in windows])
 
-    # What a name says, worked out once per distinct name (a trace has few names and many events).
+    def in_steps(t: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(starts, t, side="right") - 1
+        return (k >= 0) & (t < ends[np.clip(k, 0, None)])
+
+    host_in_steps = in_steps(trace.ts[host])
+    on_main = trace.thread_id[host] == main
+    counted = np.flatnonzero(on_main & host_in_steps)  # positions in host order
+    others = np.flatnonzero(~on_main & host_in_steps)
+    self_arr = np.asarray(self_time)
+    step_s = float((ends - starts).mean()) / 1e6
+    busy = float(self_arr[others].clip(min=0).sum()) / n_steps / 1e6 if len(others) else 0.0
+    if busy > 0.01 * step_s:
+        notes.append(f"{trace.path.name}: {busy * 1e3:.2f} ms/step of op time on other threads is not in the "
+                     "host breakdown (it runs concurrently with the profiled thread)")
+    # Step annotations themselves: their self time is host time outside any op. Columns are plain arrays
+    # until the two summaries: a small trace is analysed in milliseconds, and intermediate DataFrames cost more.
+    parts = [{"resource": np.full(len(counted), "cpu", dtype=object),
+              "category": np.array(self_cat, dtype=object)[counted], "phase": phase[counted],
+              "name_id": trace.name_id[host[counted]].astype(np.int64), "us": self_arr[counted].clip(min=0),
+              "overlapped_us": np.zeros(len(counted))}]
+    gpu_window_s = None
+    if trace.has_gpu:
+        # Back to whole-trace indexing for what the GPU side needs (a kernel's launch is a host event).
+        local = np.full(len(trace.ts), -1, dtype=np.int64)
+        local[host] = np.arange(len(host))
+        gpu_part, gpu_window_s = _gpu_rows(trace, host, local, context_cat, phase, in_steps, n_steps)
+        parts.append(gpu_part)
+        comm = gpu_part["category"] == "communication"
+        exposed_us, overlapped_us = gpu_part["us"][comm].sum(), gpu_part["overlapped_us"][comm].sum()
+    else:
+        exposed_us, overlapped_us = _host_communication(trace, host, np.asarray(self_cat, dtype=object),
+                                                        on_main, host_in_steps)
+    summary, by_name, per_step = _summaries(trace, parts, n_steps, np.searchsorted(
+        starts, trace.ts[host[counted]], side="right") - 1)
+    ops = HostOps(host, np.asarray(parents, dtype=np.int64), phase, np.array(context_cat, dtype=object))
+    return TimeResult(summary, by_name, step_s, gpu_window_s, n_steps, notes, ops, windows,
+                      float(exposed_us) / n_steps / 1e6, float(overlapped_us) / n_steps / 1e6, per_step, busy)
+
+
+def _walk_host(trace: Trace, host: np.ndarray) -> tuple[list, list, list, list, list]:
+    """Every host event in walk order (position j is ``host[j]``), nested by thread: its phase, the category its
+    launches and nested frames inherit, the category of its own self time, its enclosing op's position (-1 at the
+    top) and its self time (µs)."""
     names = trace.names
-    sets_phase = [_phase_of(nm, None) for nm in names]
-    legacy_backward = [bool(LEGACY_BACKWARD_NODE.match(nm)) for nm in names]
-    backward_node = [nm.startswith(BACKWARD_NODE) for nm in names]
-    is_recompute = [nm == labels.RECOMPUTE for nm in names]
-    operator = [bool(_OPERATOR.match(nm)) for nm in names]
-    waits = [bool(HOST_WAIT.search(nm)) for nm in names]
+    sets_phase, legacy_backward, backward_node, is_recompute, operator, waits, layer_context, annotation_context = \
+        _what_names_say(trace)
     code = {c: i for i, c in enumerate(trace.cats)}
     runtime_codes = {code.get("cuda_runtime"), code.get("cuda_driver")} - {None}
     python_code = code.get("python_function")
     annotation_code = code.get("user_annotation")
-    # The layer context a name opens: a module frame in a stack or an annotation (never an op or a plain frame).
-    layer_context = [context_of(nm) if nm.startswith(MODULE_FRAME) or nm == labels.NORM else None for nm in names]
-    annotation_context = list(layer_context)
-    if annotation_code is not None:
-        for k in np.unique(trace.name_id[trace.cat_id == annotation_code]).tolist():
-            annotation_context[k] = context_of(names[k])
 
     # Plain lists over the host events only, in walk order (position j is host[j]): the walk touches every
     # host event, and list indexing is far cheaper than numpy's.
@@ -205,64 +251,49 @@ def analyze_time(trace: Trace) -> TimeResult:
                 cache[key] = cat
             context_cat[i] = self_cat[i] = cat
         stack.append(i)
-    del ts, end_, nid, cid, thread, recompute, context, stacks
+    return phase, context_cat, self_cat, parents, self_time
 
-    # Back to whole-trace indexing for what the GPU side needs (a kernel's launch is a host event).
-    local = np.full(len(trace.ts), -1, dtype=np.int64)
-    local[host] = np.arange(m)
-    phase = np.array(phase, dtype=object)
-    threads = trace.thread_id
-    # The profiled thread is the one that carries the ProfilerStep annotations.
+
+def _what_names_say(trace: Trace) -> tuple[list, ...]:
+    """What each name says, worked out once per distinct name (a trace has few names and many events): the phase it
+    starts, whether it is a backward node (legacy or not), the recompute label, an operator or a synchronisation, and
+    the layer context it opens (as a frame or annotation, and as an annotation)."""
+    names = trace.names
+    sets_phase = [_phase_of(nm, None) for nm in names]
+    legacy_backward = [bool(LEGACY_BACKWARD_NODE.match(nm)) for nm in names]
+    backward_node = [nm.startswith(BACKWARD_NODE) for nm in names]
+    is_recompute = [nm == labels.RECOMPUTE for nm in names]
+    operator = [bool(_OPERATOR.match(nm)) for nm in names]
+    waits = [bool(HOST_WAIT.search(nm)) for nm in names]
+    annotation_code = {c: i for i, c in enumerate(trace.cats)}.get("user_annotation")
+    # The layer context a name opens: a module frame in a stack or an annotation (never an op or a plain frame).
+    layer_context = [context_of(nm) if nm.startswith(MODULE_FRAME) or nm == labels.NORM else None for nm in names]
+    annotation_context = list(layer_context)
+    if annotation_code is not None:
+        for k in np.unique(trace.name_id[trace.cat_id == annotation_code]).tolist():
+            annotation_context[k] = context_of(names[k])
+    return (sets_phase, legacy_backward, backward_node, is_recompute, operator, waits, layer_context,
+            annotation_context)
+
+
+def _profiled_thread(trace: Trace, host: np.ndarray, steps: list[tuple[float, float]],
+                     notes: list[str]) -> tuple[int, list[tuple[float, float]]]:
+    """The profiled thread, the one that carries the ProfilerStep annotations, and the step windows; without
+    markers, the busiest thread and the whole of its span as one step."""
     if steps:
-        main = threads[trace.step_indices()[0]]
-        windows = steps
-    else:
-        busy_by_thread = np.bincount(threads[host], weights=trace.dur[host], minlength=len(trace.threads))
-        main = int(np.argmax(busy_by_thread))
-        on_main = host[threads[host] == main]
-        windows = [(float(trace.ts[on_main].min()), float((trace.ts[on_main] + trace.dur[on_main]).max()))]
-        notes.append(f"{trace.path.name}: no ProfilerStep markers; the whole trace is analysed as one step")
-    n_steps = len(windows)
-    ranges = int(trace.mask(COUNTER_RANGE).sum())
-    if ranges and not trace.has_gpu:
-        notes.append(f"{trace.path.name}: recorded in CUPTI counter mode: its {ranges:,} kernel ranges carry "
-                     "performance counters, not the kernels' timing (the range profiler replays each kernel), so "
-                     "the GPU side has no time breakdown; the host side is analysed")
-    if _infer_forward(trace, host, phase, windows):
-        notes.append(f"{trace.path.name}: no profkit labels; the forward phase is what runs in each step before "
-                     "its first backward op")
-    starts = np.array([w[0] for w in windows])
-    ends = np.array([w[1] for w in windows])
+        return trace.thread_id[trace.step_indices()[0]], steps
+    threads = trace.thread_id
+    busy_by_thread = np.bincount(threads[host], weights=trace.dur[host], minlength=len(trace.threads))
+    main = int(np.argmax(busy_by_thread))
+    on_main = host[threads[host] == main]
+    notes.append(f"{trace.path.name}: no ProfilerStep markers; the whole trace is analysed as one step")
+    return main, [(float(trace.ts[on_main].min()), float((trace.ts[on_main] + trace.dur[on_main]).max()))]
 
-    def in_steps(t: np.ndarray) -> np.ndarray:
-        k = np.searchsorted(starts, t, side="right") - 1
-        return (k >= 0) & (t < ends[np.clip(k, 0, None)])
 
-    host_in_steps = in_steps(trace.ts[host])
-    on_main = threads[host] == main
-    counted = np.flatnonzero(on_main & host_in_steps)  # positions in host order
-    others = np.flatnonzero(~on_main & host_in_steps)
-    self_arr = np.asarray(self_time)
-    step_s = float((ends - starts).mean()) / 1e6
-    busy = float(self_arr[others].clip(min=0).sum()) / n_steps / 1e6 if len(others) else 0.0
-    if busy > 0.01 * step_s:
-        notes.append(f"{trace.path.name}: {busy * 1e3:.2f} ms/step of op time on other threads is not in the "
-                     "host breakdown (it runs concurrently with the profiled thread)")
-    # Step annotations themselves: their self time is host time outside any op. Columns are plain arrays
-    # until the two summaries: a small trace is analysed in milliseconds, and intermediate DataFrames cost more.
-    parts = [{"resource": np.full(len(counted), "cpu", dtype=object),
-              "category": np.array(self_cat, dtype=object)[counted], "phase": phase[counted],
-              "name_id": trace.name_id[host[counted]].astype(np.int64), "us": self_arr[counted].clip(min=0),
-              "overlapped_us": np.zeros(len(counted))}]
-    gpu_window_s = None
-    if trace.has_gpu:
-        gpu_part, gpu_window_s = _gpu_rows(trace, host, local, context_cat, phase, in_steps, n_steps)
-        parts.append(gpu_part)
-        comm = gpu_part["category"] == "communication"
-        exposed_us, overlapped_us = gpu_part["us"][comm].sum(), gpu_part["overlapped_us"][comm].sum()
-    else:
-        exposed_us, overlapped_us = _host_communication(trace, host, np.asarray(self_cat, dtype=object),
-                                                        on_main, host_in_steps)
+def _summaries(trace: Trace, parts: list[dict], n_steps: int, step_of: np.ndarray
+               ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The rows (host first, then GPU) summed per step by category and phase, by category and name (largest
+    first), and the host rows per category in each profiled step (``step_of``)."""
     rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     rows["seconds"] = rows.pop("us") / 1e6 / n_steps
     rows["overlapped_seconds"] = rows.pop("overlapped_us") / 1e6 / n_steps
@@ -270,14 +301,10 @@ def analyze_time(trace: Trace) -> TimeResult:
     by_name = _sum_by(rows, ["resource", "category", "name_id"], ["seconds", "overlapped_seconds"])
     labels_of = np.asarray(trace.names + [f"idle: {r}" for r in IDLE_REASONS], dtype=object)
     by_name.insert(2, "name", labels_of[by_name.pop("name_id").astype(np.int64)])
-    ops = HostOps(host, np.asarray(parents, dtype=np.int64), phase, np.array(context_cat, dtype=object))
-    step_of = np.searchsorted(starts, trace.ts[host[counted]], side="right") - 1
     per_step = _sum_by({"category": parts[0]["category"], "step": step_of, "us": parts[0]["us"]},
                        ["category", "step"], ["us"])
     per_step = per_step.assign(seconds=per_step.pop("us") / 1e6)
-    return TimeResult(summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), step_s,
-                      gpu_window_s, n_steps, notes, ops, windows, float(exposed_us) / n_steps / 1e6,
-                      float(overlapped_us) / n_steps / 1e6, per_step, busy)
+    return summary, by_name.sort_values("seconds", ascending=False, ignore_index=True), per_step
 
 
 # Kineto's category for the kernels of a CUPTI range-profiler (counter mode) trace.
