@@ -90,6 +90,32 @@ def _print_glance(out: Console, bd: Breakdown, budget_bytes: int | None) -> None
 def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str) -> None:
     if bd.runs.empty:
         return
+    label = _print_runs(out, bd)
+    _print_step_times(out, bd, label)
+    _print_generation(out, bd, label)
+    _print_memory(out, bd, phase, label)
+    _print_trace_memory(out, bd)
+
+    _print_errors(out, "Memory predicted by `profkit estimate`: error against measured",
+                  "training: static categories and activations at the forward phase's peak, gradients at the "
+                  "optimizer step's; generation: weights and activations at the prefill's peak, the KV cache at the "
+                  "last decode pass's; `--format json|markdown` gives the bytes", tables.predicted_errors(bd), label)
+    _print_predicted_time(out, bd, label)
+
+    tim = views.time_per_step(bd)
+    _category_tables(out, "Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)",
+                     tim, [r for r in bd.runs.run if r in tim.index], label)
+    gpu_runs = [r for r in tim.index if views.primary_resource(bd, r) == "gpu"]
+    host = views.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
+    _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
+                     host, gpu_runs, label)
+    _print_efficiency(out, bd, label)
+    _print_ranks(out, bd)
+    _print_findings(out, bd, baseline)
+
+
+def _print_runs(out: Console, bd: Breakdown) -> dict[str, str]:
+    """The Runs table, each run's reason below it; returns each run's label, numbered where a name would not fit."""
     # Short two-line headers and no box: a full run name and the columns that hold values fit 80 columns.
     columns = {
         "run": lambda r: str(r["run"]),
@@ -123,7 +149,11 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
     out.print(runs)
     for line in reasons:  # below the table, where a long reason can wrap without squeezing the columns
         out.print(f"  {escape(line)}", highlight=False)
+    return label
 
+
+def _print_step_times(out: Console, bd: Breakdown, label: dict[str, str]) -> None:
+    """The clean and profiled steps' spread, per run that has them."""
     spread = bd.runs[bd.runs.clean_step_min_s.notna() | bd.runs.profiled_step_min_s.notna()]
     if len(spread):
         t = Table(title="Step times", box=box.SIMPLE_HEAD, padding=(0, 1),
@@ -143,6 +173,9 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                           human_seconds(r.get(median)), human_seconds(r.get(f"{prefix}_max_s")))
         out.print(t)
 
+
+def _print_generation(out: Console, bd: Breakdown, label: dict[str, str]) -> None:
+    """Generation runs: their latencies and KV cache."""
     serving = bd.runs[bd.runs.ttft_median_s.notna()]
     if len(serving):
         t = Table(title="Generation: latency of the unprofiled steps, KV cache", box=box.SIMPLE_HEAD, padding=(0, 1),
@@ -156,6 +189,9 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
                       f"{int(r.kv_cache_tokens)}" if pd.notna(r.kv_cache_tokens) else "-")
         out.print(t)
 
+
+def _print_memory(out: Console, bd: Breakdown, phase: str, label: dict[str, str]) -> None:
+    """Memory by category at the peak of ``phase``, beside the measured peak, in tables that fit the terminal."""
     mem = views.memory_at(bd, phase)
     measured = bd.measured[bd.measured.phase == phase].set_index("run")["measured_peak_bytes"] if len(bd.measured) else {}
     for chunk in labelled_chunks([r for r in bd.runs.run if r in mem.index], label, out.width) if not mem.empty else []:
@@ -168,23 +204,9 @@ def _print_tables(out: Console, bd: Breakdown, baseline: str | None, phase: str)
         t.add_row("[bold]measured peak[/]", *[human_bytes(measured.get(run)) for run in chunk])
         out.print(t)
 
-    _print_trace_memory(out, bd)
 
-    _print_errors(out, "Memory predicted by `profkit estimate`: error against measured",
-                  "training: static categories and activations at the forward phase's peak, gradients at the "
-                  "optimizer step's; generation: weights and activations at the prefill's peak, the KV cache at the "
-                  "last decode pass's; `--format json|markdown` gives the bytes", tables.predicted_errors(bd), label)
-    _print_predicted_time(out, bd, label)
-
-    tim = views.time_per_step(bd)
-    _category_tables(out, "Time per profiled step (CPU runs: op self time; GPU runs: exposed kernel time and idle)",
-                     tim, [r for r in bd.runs.run if r in tim.index], label)
-    gpu_runs = [r for r in tim.index if views.primary_resource(bd, r) == "gpu"]
-    host = views.time_per_step(bd, "cpu").reindex(gpu_runs).dropna(how="all", axis=1)
-    _category_tables(out, "Host time per profiled step of the GPU runs (op self time on the profiled thread)",
-                     host, gpu_runs, label)
-    _print_efficiency(out, bd, label)
-    _print_ranks(out, bd)
+def _print_findings(out: Console, bd: Breakdown, baseline: str | None) -> None:
+    """The sentences on idle time, exposure, the differences from the baseline and between engines; the notes."""
     for sentence in findings.idle_sentences(bd):
         out.print(escape(sentence), highlight=False)
     for sentence in findings.exposure_sentences(bd):
