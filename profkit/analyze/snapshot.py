@@ -52,6 +52,14 @@ class SnapshotError(ValueError):
         super().__init__(f"{path}: {reason}")
 
 
+class EmptySnapshotError(SnapshotError):
+    """A well-formed snapshot with nothing in it: no segment and no history, so no figure to show."""
+
+    def __init__(self, path: Path):
+        super().__init__(path, "the snapshot holds no segments and no allocation history: nothing was allocated "
+                               "when it was taken, or it was taken on another device or process")
+
+
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
         if module == "builtins" and name in SAFE_BUILTINS:
@@ -256,6 +264,8 @@ def analyse_snapshot(path: Path) -> SnapshotAnalysis:
     segments = data["segments"]
     traces = data.get("device_traces") or []
     settings = data.get("allocator_settings") or {}
+    if not segments and not any(traces):
+        raise EmptySnapshotError(Path(path))
     notes: list[str] = []
     devices = sorted({s.get("device", 0) for s in segments} | set(range(len(traces)) if any(traces) else set()))
     annotations = _annotation_windows(data.get("external_annotations") or [])

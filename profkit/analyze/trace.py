@@ -10,6 +10,7 @@ import gzip
 import json
 import math
 import re
+import sys
 import zlib
 from array import array
 from dataclasses import dataclass, field
@@ -131,6 +132,12 @@ class Trace:
         return int(self.metadata.get("baseTimeNanoseconds", 0))
 
 
+# The decoders recurse once a level of JSON nesting, up to Python's recursion limit: deeper text is damage or
+# not a trace (Kineto's events nest a few levels), reported as such rather than as the parser's exception.
+_TOO_DEEP = (f"JSON nested deeper than {sys.getrecursionlimit()} levels: not a Kineto trace (its events nest a few "
+             "levels), or a damaged one")
+
+
 def _open_text(path: Path):
     with path.open("rb") as fh:
         gz = fh.read(2) == b"\x1f\x8b"
@@ -148,6 +155,8 @@ def read_json(path: Path) -> object:
         raise TraceError(path, f"unreadable or truncated gzip ({exc})") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise TraceError(path, f"not valid JSON, possibly truncated ({exc})") from None
+    except RecursionError:
+        raise TraceError(path, _TOO_DEEP) from None
 
 
 class _Args(msgspec.Struct):
@@ -384,6 +393,8 @@ def load_trace(path: Path | str) -> Trace:
         raise TraceError(path, f"unreadable or truncated gzip ({exc})") from None
     except KeyError:
         raise TraceError(path, "not a Chrome/Kineto trace (no 'traceEvents' list)") from None
+    except RecursionError:
+        raise TraceError(path, _TOO_DEEP) from None
     except (ValueError, msgspec.DecodeError) as exc:
         reason = str(exc) if "Chrome/Kineto" in str(exc) else f"not valid JSON, possibly truncated ({exc})"
         raise TraceError(path, reason) from None
