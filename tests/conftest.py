@@ -75,7 +75,7 @@ class _Recordings(threading.Thread):
                 self.done[name].set()
                 continue
             try:
-                self.results[name] = (run_cli("record", *BACKGROUND[name], "-o", str(out), timeout=1800), out)
+                self.results[name] = (run_cli("record", *BACKGROUND[name], "-o", str(out), timeout=3600), out)
             finally:
                 self.done[name].set()
 
