@@ -29,14 +29,35 @@ PARAMETER_OWNERS = ("parameters_trainable", "parameters_frozen", "parameters_qua
 ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
-def groups(bd: Breakdown) -> dict[str, list[str]]:
-    """Group name -> the runs of its ranks, in rank order. Only groups of two ranks or more."""
+def _rank_sets(bd: Breakdown):
+    """(directory, world size, its runs) for every directory holding two or more ranks of the same world size."""
     r = bd.runs[bd.runs.world_size.notna() & (bd.runs.world_size > 1) & bd.runs["rank"].notna()]
-    out: dict[str, list[str]] = {}
     for (parent, world), g in r.groupby([r.path.map(lambda p: str(Path(p).parent)), "world_size"], sort=False):
         if len(g) > 1:
-            name = f"{Path(parent).name or parent} ({len(g)} of {int(world)} ranks)"
-            out[name] = list(g.sort_values("rank").run)
+            yield parent, int(world), g
+
+
+def groups(bd: Breakdown) -> dict[str, list[str]]:
+    """Group name -> the runs of its ranks, in rank order. Only groups of two ranks or more, each rank once: a
+    directory where a rank repeats holds several jobs' traces (``unmatched``)."""
+    out: dict[str, list[str]] = {}
+    for parent, world, g in _rank_sets(bd):
+        if not g["rank"].duplicated().any():
+            out[f"{Path(parent).name or parent} ({len(g)} of {world} ranks)"] = list(g.sort_values("rank").run)
+    return out
+
+
+def unmatched(bd: Breakdown) -> dict[str, str]:
+    """Run -> why it is not compared with other ranks: its directory holds another trace of the same rank and
+    world size, so the traces are several jobs' and nothing in them says which belong together."""
+    out: dict[str, str] = {}
+    for parent, world, g in _rank_sets(bd):
+        repeated = sorted({int(r) for r in g["rank"][g["rank"].duplicated()]})
+        if repeated:
+            why = (f"{Path(parent).name or parent}: {len(g)} traces of world size {world} repeat rank "
+                   f"{', '.join(map(str, repeated))}, so they are several jobs' and which ranks belong together "
+                   "cannot be told; ranks are compared when each job's traces are in a directory of their own")
+            out.update(dict.fromkeys(g.run, why))
     return out
 
 

@@ -461,4 +461,5 @@ def _ranks(bd: Breakdown) -> list[tuple[str, float]]:
                    f"; ZeRO-{stage} partitions gradients and optimizer state only, so every rank holds every parameter"
                    if stage in (1, 2) else "")
             out.append((f"{group}: each rank holds {share} of the model's parameter bytes{why}.", 0.0))
+    out.extend((f"{why}.", 0.0) for why in dict.fromkeys(ranks.unmatched(bd).values()))
     return out

@@ -34,7 +34,7 @@ def _rows(frame) -> list[dict]:
 
 def _rank_groups(bd: Breakdown) -> dict[str, dict]:
     """Run -> its job's cross-rank figures: its own row, the group's verdict and the table across ranks."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict] = {run: {"group": None, "not_compared": why} for run, why in ranks.unmatched(bd).items()}
     groups = ranks.groups(bd)
     if not groups:
         return out

@@ -200,3 +200,25 @@ def test_json_figures_hold_every_figure_of_the_runs_table(dlrm):
         assert figures.keys() == present.keys()
         for k, v in present.items():
             assert figures[k] == (pytest.approx(v) if isinstance(v, float) else v), k
+
+
+def test_a_directory_of_several_jobs_compares_only_the_ranks_that_can_be_told_apart(tmp_path):
+    """Two traces of the same rank and world size in one directory are two jobs' traces: those ranks are not
+    compared (nothing says which belong together), and the reason is in the terminal and the JSON; another job's
+    ranks beside them still are."""
+    for name in ("a100_distributed_rank0.json.gz", "a100_distributed_rank1.json.gz"):
+        shutil.copy(GPU_TRACES / name, tmp_path / name)
+    for name in ("dlrm_rank0.json.gz", "dlrm_rank1.json.gz"):
+        shutil.copy(DLRM / name, tmp_path / name)
+    shutil.copy(DLRM / "dlrm_rank1.json.gz", tmp_path / "another_job_rank1.json.gz")
+    bd = breakdown([tmp_path])
+    (group, runs), = ranks.groups(bd).items()
+    assert group.endswith("(2 of 128 ranks)") and len(runs) == 2
+    assert sorted(ranks.unmatched(bd)) == ["another_job_rank1", "dlrm_rank0", "dlrm_rank1"]
+    terminal = invoke("breakdown", str(tmp_path), env={"COLUMNS": "80"})
+    assert terminal.returncode == 0, terminal.stderr
+    said = " ".join(terminal.stdout.split())
+    assert said.count("traces of world size 8 repeat rank 1") == 1 and "Traceback" not in terminal.stderr
+    records = {r["run"]: r for r in json.loads(invoke("breakdown", str(tmp_path), "-f", "json").stdout)["runs"]}
+    assert "repeat rank 1" in records["dlrm_rank0"]["ranks"]["not_compared"]
+    assert records["a100_distributed_rank0"]["ranks"]["group"] == group
