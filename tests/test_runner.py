@@ -25,16 +25,18 @@ def start_record(out: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=terminal_session)
 
 
-def wait_for_worker_steps(out: Path, proc: subprocess.Popen, timeout: float = 120) -> psutil.Process:
-    """Wait until the worker is in its timed steps (the model is built and stepping)."""
+def wait_for_worker_steps(out: Path, proc: subprocess.Popen, timeout: float = 300) -> psutil.Process:
+    """Wait until the worker is in its timed steps (the model is built and stepping); the worker, by the pid its
+    first event gives (a child of the command's, or of the server it forks workers from)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, proc.communicate()
-        children = psutil.Process(proc.pid).children()
         partial = list(out.glob(".lora.partial-*"))
-        if children and partial and (partial[0] / store.LOG).exists() and "profiler" not in (partial[0] / store.LOG).read_text():
-            time.sleep(8)  # imports, model build, warm-up; the timed phase runs 100000 steps
-            return children[0]
+        events = partial[0] / ".events" if partial else None
+        started = [line for line in events.read_text().split("\n")[:-1] if '"start"' in line] if events else []
+        if started and (partial[0] / store.LOG).exists() and "profiler" not in (partial[0] / store.LOG).read_text():
+            time.sleep(8)  # model build, warm-up; the timed phase runs 100000 steps
+            return psutil.Process(json.loads(started[0])["pid"])
         time.sleep(0.5)
     raise AssertionError("worker never started")
 

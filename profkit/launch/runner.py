@@ -1,4 +1,4 @@
-"""Record a list of methods, each in a fresh ``profkit.launch.worker`` process, and commit each run.
+"""Record a list of methods, each in a ``profkit.launch.worker`` process of its own, and commit each run.
 
 The parent never imports torch: it spawns, relays progress, and decides what is committed. A worker
 that dies without writing its manifest (killed, crashed interpreter) still leaves a run marked with
@@ -20,6 +20,7 @@ from typing import Protocol
 from profkit import store
 from profkit.core.methods import Method
 from profkit.core.settings import RunSettings
+from profkit.launch import forking
 from profkit.store.manifest import RunRecord, combine, now, record_for
 
 STOP_GRACE_S = 60
@@ -70,12 +71,25 @@ LAUNCHER = ("-m", "torch.distributed.run", "--standalone", "--nnodes=1")
 POLL_S = 0.1
 
 
+def worker_arguments(settings: RunSettings, partial: store.RunDir, events: Path) -> list[str]:
+    return ["--run-dir", str(partial.path), "--settings", json.dumps(settings.to_json()), "--events", str(events)]
+
+
 def worker_command(settings: RunSettings, partial: store.RunDir, events: Path) -> list[str]:
-    args = ["-m", "profkit.launch.worker", "--run-dir", str(partial.path), "--settings", json.dumps(settings.to_json()),
-            "--events", str(events)]
+    args = ["-m", "profkit.launch.worker", *worker_arguments(settings, partial, events)]
     if settings.nproc == 1:
         return [sys.executable, *args]
     return [sys.executable, *LAUNCHER, f"--nproc-per-node={settings.nproc}", *args]
+
+
+def start_worker(settings: RunSettings, partial: store.RunDir, events: Path):
+    """The run's worker: forked from the preloaded server where that is safe (``forking``), else a fresh
+    interpreter (torchrun's ranks, a machine with a GPU driver). Its output goes to the run's log."""
+    if forking.can_fork(settings):
+        return forking.start(worker_arguments(settings, partial, events), partial.log)
+    with open(partial.log, "ab") as log:
+        return subprocess.Popen(worker_command(settings, partial, events), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
 
 
 def record_one(method: Method, settings: RunSettings, root: Path, observer: Observer) -> Outcome:
@@ -112,11 +126,10 @@ def _record_into(method: Method, settings: RunSettings, partial: store.RunDir, o
     """One recording of the run (one process, or one per rank under torchrun) into ``partial``; its record."""
     events = partial.path / ".events"
     events.touch()
-    with open(partial.log, "w") as log:
-        proc = subprocess.Popen(worker_command(settings, partial, events), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
-    interrupted, ended = False, {}
+    partial.log.write_bytes(b"")
+    proc, interrupted, ended = None, False, {}
     try:
+        proc = start_worker(settings, partial, events)
         for event in _follow(events, proc):
             if event.get("event") == "start":
                 observer.method_started(method, event["total_steps"])
@@ -127,23 +140,25 @@ def _record_into(method: Method, settings: RunSettings, partial: store.RunDir, o
     except KeyboardInterrupt:
         # The worker (or torchrun) shares our terminal's process group and usually got the same Ctrl-C; make sure.
         interrupted = True
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:  # None: stopped while the preloaded server was still importing
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     events.unlink(missing_ok=True)
+    returncode = None if proc is None else proc.returncode
 
     if settings.nproc > 1:
-        record = _record_of_ranks(settings, partial, proc.returncode, interrupted)
+        record = _record_of_ranks(settings, partial, returncode, interrupted)
         partial.write_manifest(record.to_json())
     else:
         try:
             record = partial.read_record()
         except store.ManifestError:  # the worker died before writing it, or while writing it
             cause = ended.get("reason") or _last_exception(partial.log)
-            record = _record_for_dead_worker(settings, proc.returncode, interrupted, partial, cause)
+            record = _record_for_dead_worker(settings, returncode, interrupted, partial, cause)
             partial.write_manifest(record.to_json())
     return record
 

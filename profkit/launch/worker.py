@@ -63,7 +63,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
     for part in (run_dir.path, run_dir.path.parent):  # rep<k>/ or rep<k>/rank<j>/: one repetition of a run
         if part.name.startswith("rep") and part.name[3:].isdigit():
             record.repetition = int(part.name[3:])
-    emit(event="start", total_steps=settings.total_steps)
+    emit(event="start", total_steps=settings.total_steps, pid=os.getpid())
     sessions: list = []
     try:
         # Inside the try: a library that fails to import (torch, transformers, peft...) is this run's recorded
@@ -145,6 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     with events:
         status = run(settings, run_dir, events, rank)
     return for_status(status)
+
+
+def forked_main(argv: list[str], log: str, environ: dict[str, str]) -> None:
+    """``main`` in a process forked from the preloaded server (``profkit.launch.forking``): the parent's
+    environment as it was when it asked, output appended to the run's log, exit code as ``main``'s."""
+    os.environ.clear()
+    os.environ.update(environ)
+    redirect_output(Path(log))
+    sys.exit(main(argv))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import json
 import sys
 
 from profkit import store
-from profkit.launch import runner
+from profkit.launch import forking, runner
 from tests.conftest import FAST, invoke
 
 FILE_LIMIT = 1024  # bytes: under any manifest, over the worker's progress events
@@ -26,6 +26,7 @@ def test_a_worker_that_cannot_write_its_manifest_says_why(tmp_path, monkeypatch)
         return [sys.executable, "-c", SMALL_FILES_WORKER.format(FILE_LIMIT), *command[3:]]
 
     monkeypatch.setattr(runner, "worker_command", with_small_files)
+    monkeypatch.setattr(forking, "can_fork", lambda settings: False)  # the limit is set in a fresh interpreter
     result = invoke("record", "lora", *FAST, "-o", str(tmp_path))
     assert result.returncode == 1, result.stderr
     manifest = json.loads((tmp_path / "lora" / "manifest.json").read_text())
