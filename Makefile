@@ -28,7 +28,8 @@ record: setup
 test: setup
 	$(BIN)/python -m pytest
 
-# The pure layers on stored fixtures (core, store, analyze, predict on the meta device, report): under 2 minutes.
+# Every test outside tests/e2e: the pure layers on stored fixtures (core, store, analyze, predict on the meta
+# device, report). Nothing is recorded and no program run: a test that tries fails (tests/conftest.py's guard).
 test-fast: setup
 	$(BIN)/python -m pytest -m "not e2e"
 

@@ -7,9 +7,7 @@ of its time importing libraries on one core, so on two cores the in-process test
 
 from __future__ import annotations
 
-import inspect
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -28,22 +26,84 @@ GPU_TRACES = DATA / "gpu-traces"
 FAST = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "1", "--steps", "2", "--profiled-steps", "1"]
 
 
-# The fast tier (`make test-fast`) is every test that runs in this process and records nothing: the pure layers on
-# stored fixtures. A test is end-to-end (marked ``e2e``) when it depends on a recording fixture, or records,
-# trains, installs or runs the command line in a subprocess itself.
-RECORDING_FIXTURES = {"matrix", "tiny_training", "engines", "repeated", "rank16", "two_ranks", "zero_on_tiny",
-                      "fsdp_ranks", "accumulated", "accumulated_unsynced"}
-RECORDS = re.compile(r'run_cli\(|"record",|Session\(|Trainer\(|TrainerCallback\(|gpu_check\.main\(|'
-                     r'"install"|runner\.record|subprocess\.(run|Popen)\(|torchrun\(')
+# The fast tier (`make test-fast`, ``-m "not e2e"``) is every test that records nothing and runs no other program:
+# the pure layers on stored fixtures (an analysis may still fork its own workers, as HTA's parser does). What
+# records, trains, installs or runs a program (the CLI in a subprocess, torchrun, pip) lives under tests/e2e and is
+# marked ``e2e`` by where it is; the guard below fails a fast test that records or runs a program all the same.
+E2E = Path(__file__).parent / "e2e"
 
 
 def pytest_collection_modifyitems(items) -> None:
     for item in items:
-        function = getattr(item, "function", None)
-        source = inspect.getsource(function) if function is not None else ""
-        if RECORDING_FIXTURES & set(getattr(item, "fixturenames", ())) or RECORDS.search(source):
+        if E2E in Path(item.path).parents:
             item.add_marker(pytest.mark.e2e)
     items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)  # in-process tests first (stable)
+
+
+class FastTestRecorded(RuntimeError):
+    pass
+
+
+REFUSAL = "a fast test must not record or run a program: move it under tests/e2e"
+# Programs started, as Python audits them, whatever name a module bound the function under.
+PROGRAM_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.system", "os.exec", "os.spawn"}
+_guarding = threading.Event()  # set while a fast test is set up, run and torn down
+
+
+def _refused_here() -> bool:
+    """A fast test's thread (or one it started) is refused; the background recordings are the e2e tests'."""
+    if not _guarding.is_set() or isinstance(threading.current_thread(), _Recordings):
+        return False
+    # A library locating a shared library (ctypes.util.find_library runs ldconfig on first import) records nothing.
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("ctypes", "util.py")):
+            return False
+        frame = frame.f_back
+    return True
+
+
+def _refuse_programs(event: str, _args) -> None:
+    if event in PROGRAM_EVENTS and _refused_here():
+        raise FastTestRecorded(f"{REFUSAL} ({event})")
+
+
+def _refusing(owner, name: str, what: str) -> None:
+    """``owner.name`` refused in a fast test: every recording goes through ``Session`` (profkit's worker, the
+    Trainer's callback, a user's loop) or through the runner (``profkit record``, whose worker is another process)."""
+    original = getattr(owner, name)
+
+    def refused(*args, **kwargs):
+        if _refused_here():
+            raise FastTestRecorded(f"{REFUSAL} ({what})")
+        return original(*args, **kwargs)
+
+    setattr(owner, name, refused)
+
+
+def _install_guard() -> None:
+    sys.addaudithook(_refuse_programs)
+    from profkit.launch import runner
+    from profkit.record.session import Session
+
+    _refusing(Session, "__init__", "profkit.Session")
+    _refusing(runner, "record_one", "profkit record")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The guard covers a fast test's fixtures of every scope, which an autouse fixture would not (a session
+    fixture is set up before it)."""
+    fast = item.get_closest_marker("e2e") is None
+    if fast and not getattr(item.config, "_fast_guard", False):
+        _install_guard()
+        item.config._fast_guard = True
+    if fast:
+        _guarding.set()
+    try:
+        return (yield)
+    finally:
+        _guarding.clear()
 
 
 def pytest_configure(config) -> None:
@@ -92,7 +152,8 @@ _RECORDINGS: list[_Recordings] = []
 
 def pytest_collection_finish(session) -> None:
     """Once the tests to run are known (after -m and -k), start the recordings they need."""
-    needed = set().union(*(getattr(item, "fixturenames", ()) for item in session.items)) if session.items else set()
+    e2e = [item for item in session.items if item.get_closest_marker("e2e")]
+    needed = set().union(*(getattr(item, "fixturenames", ()) for item in e2e))
     wanted = [name for name in BACKGROUND if name in needed]
     if wanted and not session.config.option.collectonly:
         recordings = _Recordings(wanted)
@@ -102,6 +163,8 @@ def pytest_collection_finish(session) -> None:
 
 
 def _recorded_in_background(name: str) -> Path:
+    if _guarding.is_set():
+        raise FastTestRecorded(f"{REFUSAL} (the {name} recording)")
     assert _RECORDINGS, f"{name} was not started: the session did not select a test that needs it"
     return _RECORDINGS[0].get(name)
 
@@ -172,6 +235,13 @@ def recorded(result: subprocess.CompletedProcess, out: Path) -> str:
     logs = [f"--- {log}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             for log in sorted(out.rglob("record.log"))]
     return "\n".join([result.stdout + result.stderr, *logs])
+
+
+@pytest.fixture(scope="session")
+def family_checkpoints(tmp_path_factory) -> dict[str, Path]:
+    from tests.families import save_family_checkpoints  # transformers, loaded only where a test needs the models
+
+    return save_family_checkpoints(tmp_path_factory.mktemp("families"))
 
 
 @pytest.fixture(scope="session")

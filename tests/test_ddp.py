@@ -13,14 +13,12 @@ import pytest
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from profkit.analyze import breakdown
 from profkit.core.methods import get_method
 from profkit.core.settings import RunSettings
 from profkit.model.build import build_model
 from profkit.predict.estimate import estimate_run
 from profkit.record.hf import is_trainer_ddp
 from profkit.record.inventory import ddp_bucket_sizes
-from tests.conftest import torchrun, users_distributed_script
 
 
 @pytest.fixture
@@ -47,31 +45,6 @@ def test_the_estimate_holds_the_buckets_ddp_allocates(name, group_of_one):
         assert more == {c: buckets if c == "gradients" else 0 for c in categories}, (instant, more)
     assert any(n.startswith("DDP over 2 ranks") for n in replicated.notes)
     assert not any("DDP" in n for n in alone.notes)
-
-
-USER_SCRIPT = users_distributed_script("my_ddp", "from torch.nn.parallel import DistributedDataParallel",
-                                       "model = DistributedDataParallel(model)")
-
-
-def test_a_users_ddp_script_under_torchrun(tmp_path):
-    """Each rank's record holds DDP's buckets as DDP reports them, the breakdown counts them as gradients (no op
-    saw them), and the estimate predicts the same bytes for the model found inside the wrapper."""
-    torchrun(USER_SCRIPT, tmp_path)
-    bd = breakdown([tmp_path / "traces" / "my_ddp"])
-    assert set(bd.runs.status) == {"ok"} and list(bd.runs["rank"]) == [0, 1]
-    runs = bd.runs.set_index("run")
-    for k in range(2):
-        run = f"my_ddp/rank{k}"
-        record = bd.records[run]
-        trainable = sum(r["bytes"] for r in record.inventory["rows"] if r["owner"] == "parameters_trainable")
-        buckets = sum(r["bytes"] for r in record.inventory["rows"] if r["owner"] == "ddp_buckets")
-        assert buckets == trainable == record.estimate["detail"]["ddp_gradient_buckets"]
-        assert record.estimate["settings"]["world_size"] == 2 and record.model["found"]["data_parallel"]
-        measured, predicted = runs.loc[run].measured_peak_bytes, runs.loc[run].predicted_peak_bytes
-        assert abs(predicted - measured) <= 0.01 * measured, (measured, predicted)
-        assert buckets > 0.1 * measured  # without them either side would be off by more than 10%
-        peak = bd.memory[(bd.memory.run == run) & (bd.memory.phase == "peak")].set_index("category").bytes
-        assert peak["gradients"] >= buckets and peak["unattributed"] == 0
 
 
 @pytest.mark.parametrize("args, found, ddp", [

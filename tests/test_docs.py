@@ -120,16 +120,3 @@ def test_no_page_narrates_its_making():
             for match in NARRATION.finditer(re.sub(r"`[^`]*`", "", line)):
                 found.append(f"{page.relative_to(ROOT)}:{number}: {match.group(0)}")
     assert not found, "user-facing text narrates how it was made:\n" + "\n".join(found)
-
-
-def test_own_training_examples_are_whole_scripts():
-    """The two examples a user copies (a hand-written loop, a Trainer) are complete scripts; recording them is
-    end-to-end (tests/test_session.py runs them)."""
-    page = (DOCS / "pages" / "own-training.md").read_text()
-    examples = re.findall(r"```python\n(.*?)```", page, re.S)
-    assert len(examples) == 2
-    for i, code in enumerate(examples):
-        compile(code, f"own-training example {i}", "exec")
-        assert "import torch, profkit" in code
-    assert 'profkit.Session("traces/my_loop"' in examples[0]
-    assert 'profkit.TrainerCallback("traces/my_trainer")' in examples[1]

@@ -153,15 +153,3 @@ def test_attention_flops_match_flop_counter_on_a_real_h100_trace():
         length = q[2] if "scaled_dot_product" in name else q[1]
         assert unmasked.flops == _meta_flops(name, dims, types, full), (name, dims)
         assert w.flops == pytest.approx(unmasked.flops * (length + 1) / (2 * length))
-
-
-@pytest.mark.parametrize("run", ["full", "lora_gc", "qlora"])
-def test_flops_match_flop_counter_on_profkit_cpu_runs(matrix, run):
-    """Every distinct GEMM and attention op of a profkit run (micro, CPU: grouped-query attention, LoRA's
-    adapters, bitsandbytes' 4-bit GEMM, the attention backward), forward and backward."""
-    ops = _distinct_counted_ops(matrix / run / "time.pt.trace.json.gz", kinds=("gemm", "attention"))
-    assert any(w.kind == "attention" for *_, w in ops) and sum(w.kind == "gemm" for *_, w in ops) >= 5
-    for name, dims, types, concrete, w in ops:
-        unmasked = work.work(name, dims, types, [c if c != "True" else "False" for c in concrete])
-        assert unmasked.flops == _meta_flops(name, dims, types, [c if c != "True" else "False" for c in concrete]), \
-            (name, dims)

@@ -86,7 +86,7 @@ def test_the_gpu_timeline_is_covered(bd):
 def test_the_oom_run_keeps_its_snapshot_and_says_what_it_cannot_know(bd):
     """The batch far too large failed in its first warm-up step. The snapshot the OOM observer dumped then holds the
     allocator's state (64 segments, the GPU nearly full) but no history: profkit kept the history in the memory
-    cycle only (since then also through the warm-up steps: tests/test_session.py). The request is in the run's
+    cycle only (since then also through the warm-up steps: tests/e2e/test_session.py). The request is in the run's
     reason, from torch's own message; the snapshot's analysis says it cannot name it, and does not invent one."""
     record = bd.records["oom"]
     assert record.status == "oom" and "Tried to allocate 2.00 GiB" in record.reason

@@ -15,7 +15,6 @@ from profkit.core.presets import get_preset
 from profkit.predict.estimate import estimate
 from tests.conftest import invoke, recorded, run_cli
 
-
 MICRO = ["--preset", "micro", "--device", "cpu", "--warmup-steps", "0", "--steps", "1"]
 LOOP = [*MICRO, "--precision", "bf16-pure"]
 # The summed logits peak inside the LM head's backward GEMMs, where on CPU a bf16 GEMM over the broadcast gradient

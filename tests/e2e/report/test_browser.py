@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[2] / "analyses" / "screenshot_tensorboard.py"
+SCRIPT = Path(__file__).parents[3] / "analyses" / "screenshot_tensorboard.py"
 
 
 def _missing() -> str | None:
@@ -37,7 +37,7 @@ def test_headless_chromium_screenshots_profkit_view(matrix, tmp_path):
 def test_headless_chromium_renders_the_offline_perfetto_view(matrix, tmp_path):
     """analyses/screenshot_perfetto.py waits until the Perfetto UI lists profkit's memory track: the trace was
     loaded by the in-browser trace processor, from 127.0.0.1 only."""
-    script = Path(__file__).parents[2] / "analyses" / "screenshot_perfetto.py"
+    script = Path(__file__).parents[3] / "analyses" / "screenshot_perfetto.py"
     sys.path.insert(0, str(script.parent))
     spec = importlib.util.spec_from_file_location("screenshot_perfetto", script)
     module = importlib.util.module_from_spec(spec)

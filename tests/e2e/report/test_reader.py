@@ -18,7 +18,8 @@ from profkit.analyze.measures import measure_pairs
 from profkit.cli import app
 from profkit.report import findings
 from profkit.report.answers import answers
-from tests.report.test_every_figure_in_json import json_numbers, printed_figures
+from tests.e2e.report.test_every_figure_in_json import json_numbers
+from tests.report.test_every_figure_in_json import printed_figures
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,7 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import tokenizer_for
 from profkit.model.zero import zero_buffers
 from profkit.report import findings
-from tests.conftest import invoke, recorded, run_cli, terminal_session, torchrun, FAST
+from tests.conftest import FAST, invoke, recorded, run_cli, terminal_session, torchrun
 
 NPROC = ["--nproc", "2"]
 # With the rank fixture's lora_zero3 and qlora_zero2 on micro, every LoRA and QLoRA ZeRO method is held at two ranks.

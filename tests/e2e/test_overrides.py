@@ -12,7 +12,7 @@ import pytest
 from profkit import store
 from profkit.analyze import breakdown
 from profkit.core.presets import get_preset
-from tests.conftest import invoke, run_cli, FAST
+from tests.conftest import FAST, invoke, run_cli
 
 QUICK_TINY = ["--preset", "tiny", "--device", "cpu", "--warmup-steps", "1", "--steps", "1", "--profiled-steps", "1"]
 
