@@ -1,5 +1,5 @@
-"""One method, recorded in a fresh process (``python -m profkit.launch.worker``), so allocator state and peaks
-never leak between methods. The parent (``profkit.launch.runner``) passes the settings, a partial run
+"""One method, recorded in a process of its own (``python -m profkit.launch.worker``, or a fork of the preloaded
+server: ``profkit.launch.forking``), so allocator state and peaks never leak between methods. The parent (``profkit.launch.runner``) passes the settings, a partial run
 directory and a pipe for progress events; this process builds the workload, steps a ``profkit.Session``
 over it, and exits with a code that names the outcome. Library chatter goes to the run's log, not the pipe."""
 
