@@ -53,11 +53,11 @@ def wait_until_ready() -> None:
 
 def start(argv: list[str], log: Path) -> "ForkedWorker":
     """``python -m profkit.launch.worker *argv`` as a fork of the server, its output appended to ``log``, with
-    this process's environment as it is now (a fresh process would inherit that)."""
+    this process's environment and working directory as they are now (a fresh process would inherit them)."""
     from profkit.launch import worker  # light: the heavy imports are inside its run()
 
     wait_until_ready()
-    process = _CONTEXT.Process(target=worker.forked_main, args=(argv, str(log), dict(os.environ)),
+    process = _CONTEXT.Process(target=worker.forked_main, args=(argv, str(log), dict(os.environ), os.getcwd()),
                                name="profkit-worker")
     process.start()
     return ForkedWorker(process)

@@ -147,9 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     return for_status(status)
 
 
-def forked_main(argv: list[str], log: str, environ: dict[str, str]) -> None:
+def forked_main(argv: list[str], log: str, environ: dict[str, str], cwd: str) -> None:
     """``main`` in a process forked from the preloaded server (``profkit.launch.forking``): the parent's
-    environment as it was when it asked, output appended to the run's log, exit code as ``main``'s."""
+    environment and working directory as they were when it asked, output appended to the run's log, exit code
+    as ``main``'s."""
+    os.chdir(cwd)
     os.environ.clear()
     os.environ.update(environ)
     redirect_output(Path(log))
