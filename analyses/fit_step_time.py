@@ -54,12 +54,12 @@ efficiencies per vendor (cuBLAS and rocBLAS reach different shares of their peak
 MI300X errors showed too), latencies capped at 10 µs, and the host's time per launch taken from the eager
 transformers traces only. The held-out figure above is after those changes.
 
-A later session (after the held-out published throughputs had been compared, reports/step-time/) made an
+A later change, made after the held-out published throughputs had been compared (reports/step-time/), has an
 attention kernel compute on the share of the multiprocessors its tiles occupy. It moved AMD's attention efficiency
 from 0.05 to 0.06 (the MI300X fitting trace's 1,280 tiles take 5 waves on 304 CUs) and left the held-out trace's
 figure as it was: it counts no attention.
 
-Session 15 modelled attention per tile: a tile's fixed cost spread over the forward FLOPs it computes, with a best
+Attention was then modelled per tile: a tile's fixed cost spread over the forward FLOPs it computes, with a best
 share forward and backward, fitted on the two traces' attention ops and on published benchmarks of
 FlashAttention-2's algorithm (tests/data/published/attention_kernels.csv). The rule that selects the benchmarks'
 usable rows and the split of those into used and held-out were written before the first fit read them; the
@@ -67,7 +67,7 @@ Triton tutorial's head-dim-128 backward rows were excluded because the gatherer 
 a docs build's defect), before any fit. The published throughputs, both splits, had been compared before this
 change (used 28.7%, held-out 44.0% median |error|): nothing in it was set from them.
 
-Then, in the same session, checking the per-tile model against the H100 benchmark rows the rule leaves out (their
+Then, checking the per-tile model against the H100 benchmark rows the rule leaves out (their
 H100's variant is not stated) showed FlashAttention-2 predicted near twice their rate there: one best share for
 all NVIDIA GPUs took the A100's. The shares became per kernel family (FlashAttention-2 issues Ampere's mma.sync;
 Hopper's peak is quoted for wgmma), with a half-point per family, and FlashAttention-2's paper's H100 maximum

@@ -286,7 +286,7 @@ def test_every_published_figure_is_read_or_refused_with_a_reason():
         read += 1
         assert config_of(models[figure.model]).model_type
         assert figure.batch_size > 0 and figure.seq_len > 0
-    assert read >= 380, read  # 393 in session 21: a reader change that refuses many more is seen here
+    assert read >= 380, read  # 393 when set (2026-11-26): a reader change that refuses many more is seen here
 
 
 @pytest.mark.parametrize("version, kept", [("0.42.0 (pyproject.toml pin)", True), ("0.41", True), ("0.43.2", False),

@@ -1,6 +1,7 @@
 """The `fresh` published throughputs (tests/data/published/throughput_fresh.csv): gathered after the step-time
-model's last change (session 15), from projects the main table does not hold, and compared once
-(`analyses/step_time_vs_published.py --fresh`). Sources and caveats: tests/data/published/throughput_fresh_SOURCES.md.
+model's last change (attention per tile, reports/step-time/calibration.md), from projects the main table does not
+hold, and compared once (`analyses/step_time_vs_published.py --fresh`). Sources and caveats:
+tests/data/published/throughput_fresh_SOURCES.md.
 The PEFT rows are read from a fetched snapshot of huggingface/peft (`fetch github:huggingface/peft`); the others are
 typed in from the quoted text.
 

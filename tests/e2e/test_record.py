@@ -69,7 +69,7 @@ def test_every_method_records(matrix, name):
     assert any(e.get("name") == "[memory]" for e in memory["traceEvents"]), "no memory events in the memory cycle"
     export = run / "memory_timeline.raw.json.gz"
     if not export.is_file():
-        # torch's deprecated export can assert (pytorch/pytorch#167838; one CI run in six this session, for
+        # torch's deprecated export can assert (pytorch/pytorch#167838; one CI run in six on 2026-11-25, for
         # full_zero3_gc, not reproduced in six reruns): the run stays complete and must say why the export is missing
         assert manifest["timings"].get("memory_timeline_error"), "the export is missing and the run does not say why"
     else:
