@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 from pathlib import Path
@@ -50,17 +51,24 @@ PROGRAM_EVENTS = {"subprocess.Popen", "os.posix_spawn", "os.system", "os.exec", 
 _guarding = threading.Event()  # set while a fast test is set up, run and torn down
 
 
+STDLIB = sysconfig.get_paths()["stdlib"]
+PROJECT = tuple(str(Path(__file__).resolve().parents[1] / part) + os.sep for part in ("profkit", "tests", "analyses"))
+
+
+def _in_stdlib(filename: str) -> bool:
+    return filename.startswith((STDLIB, "<")) and "site-packages" not in filename
+
+
 def _refused_here() -> bool:
-    """A fast test's thread (or one it started) is refused; the background recordings are the e2e tests'."""
+    """A fast test's thread (or one it started) is refused; the background recordings are the e2e tests'. What
+    decides is the first caller outside the standard library: the project's code (a test, profkit) running a
+    program is refused; a library probing its environment (triton or ctypes asking ldconfig) records nothing."""
     if not _guarding.is_set() or isinstance(threading.current_thread(), _Recordings):
         return False
-    # A library locating a shared library (ctypes.util.find_library runs ldconfig on first import) records nothing.
     frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_filename.endswith(os.path.join("ctypes", "util.py")):
-            return False
+    while frame is not None and _in_stdlib(frame.f_code.co_filename):
         frame = frame.f_back
-    return True
+    return frame is None or frame.f_code.co_filename.startswith(PROJECT)
 
 
 def _refuse_programs(event: str, _args) -> None:

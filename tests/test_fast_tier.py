@@ -50,3 +50,12 @@ def test_a_background_recording_is_refused():
     session's e2e tests."""
     with pytest.raises(FastTestRecorded, match="the matrix recording"):
         _recorded_in_background("matrix")
+
+
+def test_a_librarys_own_probe_is_not_refused():
+    """A library that runs a program to probe its environment (triton and ctypes ask ``ldconfig``) records nothing:
+    what decides is the first caller outside the standard library, here a library's module, not the project's."""
+    library = {}
+    exec(compile("import subprocess\ndef probe():\n    return subprocess.run(['true']).returncode\n",
+                 "/opt/site-packages/some_library/probe.py", "exec"), library)
+    assert library["probe"]() == 0
