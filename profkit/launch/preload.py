@@ -10,9 +10,11 @@ import importlib
 
 from profkit.core.quiet import library_output
 
-# The worker's own modules (profkit.launch.worker's run) and the libraries they import only on some paths.
+# The worker's own modules (profkit.launch.worker's run), the libraries they import only on some paths, and the
+# analysis, whose parallel workers (profkit.analyze.workers) are forked from the same server.
 MODULES = ("profkit.launch.workload", "profkit.model.build", "profkit.record.describe", "profkit.record.environment",
            "profkit.record.session", "profkit.record.outcome", "profkit.predict.estimate", "profkit.predict.step_time",
+           "profkit.analyze.sources",
            "peft", "bitsandbytes", "accelerate", "deepspeed")
 
 with library_output(None):
