@@ -16,7 +16,7 @@ from profkit.analyze.sources import analyse_source
 
 # Many inputs (the ranks of a large job) are analysed in worker processes, one input at a time each, with as
 # many workers as the memory of the largest input allows; a few small inputs are faster in this process.
-# A spawned worker costs about a second to start (measured: 64 ranks of 110 MB in all took 1.4 s in this process
+# A worker costs time to start (measured with spawned workers: 64 ranks of 110 MB in all took 1.4 s in this process
 # and 2.2 s with two workers on two cores), so only inputs that take several seconds are worth it.
 PARALLEL_MIN_BYTES = 256 << 20  # uncompressed trace bytes, all inputs together
 PEAK_PER_TRACE_BYTE = 2.5  # analysis peak over the uncompressed trace (measured: reports/benchmarks/)
