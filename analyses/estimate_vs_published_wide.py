@@ -1,11 +1,9 @@
-"""``profkit estimate`` against the wide published set (``tests/data/published/wide.csv``: 437 measured GPU peaks from
-13 projects, split by project into ``used`` and ``holdout`` before the estimator was changed, 184 ``fresh`` ones
-from 10 other projects, held out whole, 49 ``fresh2`` ones gathered after the changes of items 29-33 of
-``reports/estimate-vs-published/wide.md``, 85 ``fresh3`` ones gathered on 2026-11-26 from 10 sources not cited before,
-51 ``fresh4`` ones gathered after ``fresh3`` was compared and items 34-36 made, 31 ``fresh5`` ones from 5 more
-projects, 25 ``fresh6`` ones from 2 projects (16 documents not cited before), 15 ``fresh7`` ones gathered after items
-63-65 from 5 sources not cited before, each batch added before any estimate of it was run; sources in
-``wide-sources.md``), written to ``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
+"""``profkit estimate`` against the wide published set (``tests/data/published/wide.csv``): 437 measured GPU peaks from
+13 projects, split by project into ``used`` and ``holdout``, and the held-out splits ``fresh`` (184 figures, 10
+projects), ``fresh2`` (49), ``fresh3`` (85, 10 sources), ``fresh4`` (51), ``fresh5`` (31, 5 projects), ``fresh6``
+(25, 2 projects) and ``fresh7`` (15, 5 sources), none of whose sources the other splits cite. What each split
+held out from, and the disclosures, are in ``reports/estimate-vs-published/wide.md``; the sources in
+``wide-sources.md``. Written to ``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
 
 Usage: python analyses/estimate_vs_published_wide.py used|holdout|fresh|fresh2|fresh3|fresh4|fresh5|fresh6|fresh7
 """
