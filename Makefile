@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.15.0
 RECORD_ARGS ?= --all
 
-.PHONY: setup record test test-fast docs clean gpu-wheels gpu-check
+.PHONY: setup record test test-all test-fast docs clean gpu-wheels gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,13 +25,20 @@ record: setup
 	$(BIN)/profkit record $(RECORD_ARGS)
 	$(BIN)/profkit breakdown traces/
 
+# Every feature end to end, on the method matrix recorded once: what CI runs. Left out (marked `long`): the sweeps
+# over whole data sets (the used published figures) and the variants whose mechanism another test already records
+# (each loss form, each model family, a user's DDP and FSDP2 scripts under torchrun, the GPU check's install).
 test: setup
+	$(BIN)/python -m pytest -m "not long"
+
+# Everything, the long tests too.
+test-all: setup
 	$(BIN)/python -m pytest
 
 # Every test outside tests/e2e: the pure layers on stored fixtures (core, store, analyze, predict on the meta
 # device, report). Nothing is recorded and no program run: a test that tries fails (tests/conftest.py's guard).
 test-fast: setup
-	$(BIN)/python -m pytest -m "not e2e"
+	$(BIN)/python -m pytest -m "not e2e and not long"
 
 # The settings reference generated from the code (docs/gen_reference.py), then the site (docs/mkdocs.yml) built
 # strict into build/site: a broken link fails. tests/test_docs.py checks both.

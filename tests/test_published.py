@@ -122,6 +122,7 @@ def test_lora_targets_are_read_however_the_source_lists_them(stated, targets):
     assert read_figure(_row(lora_targets="ALL (all linear)"), MODELS).method.lora_targets == ("all-linear",)
 
 
+@pytest.mark.long
 def test_the_used_published_figures_are_estimated_within_their_targets():
     """The figures the estimator was built against (the held-out ones are reported, never tested: a test would tune
     to them). Among those consistent with their stated settings that count allocated bytes, what the estimate

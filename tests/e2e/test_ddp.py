@@ -9,6 +9,8 @@ The tests that record, train or start a process; those on stored fixtures are in
 
 from __future__ import annotations
 
+import pytest
+
 from profkit.analyze import breakdown
 from tests.conftest import torchrun, users_distributed_script
 
@@ -16,6 +18,8 @@ USER_SCRIPT = users_distributed_script("my_ddp", "from torch.nn.parallel import 
                                        "model = DistributedDataParallel(model)")
 
 
+@pytest.mark.long
+@pytest.mark.long
 def test_a_users_ddp_script_under_torchrun(tmp_path):
     """Each rank's record holds DDP's buckets as DDP reports them, the breakdown counts them as gradients (no op
     saw them), and the estimate predicts the same bytes for the model found inside the wrapper."""

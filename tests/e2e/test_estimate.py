@@ -96,7 +96,9 @@ def test_recommend_without_runs_orders_by_known_time_costs_not_by_peak():
     assert "not a measurement" in result.stdout.replace("\n", " ")
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("upcast", ["--kbit-upcast", "--no-kbit-upcast"])
+@pytest.mark.long
 def test_qlora_with_and_without_the_kbit_upcast_is_recorded_and_estimated_alike(upcast, tmp_path):
     """peft's k-bit preparation casts the unquantized weights to fp32 (the residual stream follows); without it
     (fms-acceleration's preparation) they stay in the load dtype: half the frozen bytes, smaller activations."""

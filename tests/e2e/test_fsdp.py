@@ -94,6 +94,8 @@ USER_SCRIPT = users_distributed_script("my_fsdp", "from torch.distributed.fsdp i
                                        "for layer in model.model.layers:\n    fully_shard(layer)\nfully_shard(model)")
 
 
+@pytest.mark.long
+@pytest.mark.long
 def test_a_users_fsdp2_script_under_torchrun(tmp_path):
     torchrun(USER_SCRIPT, tmp_path)
     bd = breakdown([tmp_path / "traces" / "my_fsdp"])

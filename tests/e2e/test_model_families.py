@@ -31,15 +31,19 @@ def _method(family: str, name: str):
         get_method(name)
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", ["full", "lora", "qlora"])
+@pytest.mark.long
 def test_the_estimate_matches_a_cpu_recording_of_each_family(family, name, family_checkpoints, tmp_path):
     compared = _recorded_beside_the_estimate(_method(family, name), family, family_checkpoints, tmp_path)
     if name == "qlora":
         assert compared.loc["parameters_quantized"].measured_bytes > 0
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("family", ["micro-moe", "mixtral"])
+@pytest.mark.long
 def test_quantized_experts_match_a_cpu_recording(family, family_checkpoints, tmp_path):
     """--quantize-experts: bitsandbytes' parametrization stores the fused 3-D expert tensors in 4 bits (axolotl's
     quantize_moe_experts) and dequantizes a layer's experts at each use; recorded on CPU, the experts move from the

@@ -113,7 +113,7 @@ def test_interrupt_never_replaces_a_complete_run(tmp_path, matrix):
 
 
 @pytest.mark.e2e  # starts the CLI through a helper
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])  # the OOM killer's; a crash in native code
+@pytest.mark.parametrize("sig", [signal.SIGKILL, pytest.param(signal.SIGSEGV, marks=pytest.mark.long)])  # the OOM killer's; a crash in native code
 def test_killed_worker_is_recorded_as_failed(tmp_path, sig):
     out = tmp_path / "traces"
     proc = start_record(out, "lora", *LONG)
