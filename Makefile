@@ -28,8 +28,13 @@ record: setup
 # Every feature end to end, on the method matrix recorded once: what CI runs. Left out (marked `long`): the sweeps
 # over whole data sets (the used published figures) and the variants whose mechanism another test already records
 # (each loss form, each model family, a user's DDP and FSDP2 scripts under torchrun, the GPU check's install).
+# The recording tests and the rest run at once, one process each, on a machine's two cores: the recording tests'
+# output follows the rest's, and either failing fails the command.
 test: setup
-	$(BIN)/python -m pytest -m "not long"
+	@log=$$(mktemp); $(BIN)/python -m pytest -m "e2e and not long" > $$log 2>&1 & recording=$$!; \
+	$(BIN)/python -m pytest -m "not e2e and not long"; rest=$$?; \
+	wait $$recording; recorded=$$?; echo "--- the recording tests (tests/e2e)"; cat $$log; rm -f $$log; \
+	test $$rest -eq 0 -a $$recorded -eq 0
 
 # Everything, the long tests too.
 test-all: setup

@@ -310,7 +310,9 @@ def render_code() -> str:
         "`reports/`).",
         "- `tests/`: mirrors the package; `tests/e2e/` holds what records, trains, installs, runs the command line "
         "in a subprocess or starts a process. `make test-fast` runs the rest (the pure layers on stored fixtures "
-        "and the estimate on the meta device); `make test` runs everything.",
+        "and the estimate on the meta device); `make test` runs all but the tests marked `long` (the sweep over "
+        "the used published figures, and variants whose mechanism another test records end to end); "
+        "`make test-all` runs everything.",
         "- `docs/`: this site (`docs/mkdocs.yml`, pages in `docs/pages/`) and `docs/gen_reference.py`, which "
         "writes the [settings reference](reference.md) and this page.",
     ]

@@ -38,7 +38,10 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if E2E in Path(item.path).parents:
             item.add_marker(pytest.mark.e2e)
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is not None)  # in-process tests first (stable)
+    # In-process tests first, then the recording tests that record their own runs, then those waiting on the
+    # background recordings (stable): the session waits on those as late as it can.
+    items.sort(key=lambda item: (item.get_closest_marker("e2e") is not None,
+                                 bool(BACKGROUND.keys() & set(getattr(item, "fixturenames", ())))))
 
 
 class FastTestRecorded(RuntimeError):

@@ -8,6 +8,8 @@ took over 15 minutes on a 2-core machine, most of the test command's budget."""
 
 from __future__ import annotations
 
+import pytest
+
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from profkit.core.methods import get_method
@@ -18,6 +20,7 @@ from profkit.predict.estimate import EstimateError, estimate
 METHODS_IN_TURN = ("full_gc", "lora", "qlora")
 
 
+@pytest.mark.long  # a sweep over every architecture: make test-all
 def test_every_architecture_is_estimated_or_refused_with_a_reason():
     crashed, estimated, refused, unbuildable = [], 0, 0, 0
     for index, model_type in enumerate(sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
