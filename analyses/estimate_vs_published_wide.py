@@ -1,11 +1,10 @@
 """``profkit estimate`` against the wide published set (``tests/data/published/wide.csv``): 437 measured GPU peaks from
-13 projects, split by project into ``used`` and ``holdout``, and the held-out splits ``fresh`` (184 figures, 10
-projects), ``fresh2`` (49), ``fresh3`` (85, 10 sources), ``fresh4`` (51), ``fresh5`` (31, 5 projects), ``fresh6``
-(25, 2 projects) and ``fresh7`` (15, 5 sources), none of whose sources the other splits cite. What each split
-held out from, and the disclosures, are in ``reports/estimate-vs-published/wide.md``; the sources in
-``wide-sources.md``. Written to ``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
+13 projects, split by project into ``used`` and ``holdout``, and further held-out splits, each from sources none of
+the other splits cite. The split column holds each figure's split; what each held out from, its size and the
+disclosures are in ``reports/estimate-vs-published/wide.md``, the sources in ``wide-sources.md``. Written to
+``reports/estimate-vs-published/wide-<split>.md`` and ``.csv``.
 
-Usage: python analyses/estimate_vs_published_wide.py used|holdout|fresh|fresh2|fresh3|fresh4|fresh5|fresh6|fresh7
+Usage: python analyses/estimate_vs_published_wide.py <split>   (a value of wide.csv's split column)
 """
 
 from __future__ import annotations
@@ -70,4 +69,8 @@ def main(split: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "used")
+    wanted = sys.argv[1] if len(sys.argv) > 1 else "used"
+    splits = sorted(set(pd.read_csv(TABLE, usecols=["split"], dtype=str).split))
+    if wanted not in splits:
+        sys.exit(f"unknown split {wanted!r}: valid values are {', '.join(splits)}")
+    main(wanted)
