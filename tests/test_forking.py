@@ -25,3 +25,16 @@ def test_a_worker_is_forked_only_where_that_is_safe(settings, driver, forks, mon
         node.touch()
     monkeypatch.setattr(forking, "GPU_DRIVER_NODES", (str(node),))
     assert forking.can_fork(settings) is (forks and sys.platform == "linux")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="multiprocessing's forkserver is Linux's here")
+def test_the_forkserver_preloads_what_every_caller_asked_for():
+    """record's workers and the analysis's share one server: whichever asks first, it imports both lists."""
+    from multiprocessing import forkserver as server
+
+    from profkit.core import forkserver
+
+    assert forkserver.context(["csv"]) is forking._CONTEXT
+    forkserver.context(["json"])
+    preloaded = server._forkserver._preload_modules  # what the server will import when it starts
+    assert {"profkit.launch.preload", "csv", "json"} <= set(preloaded)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 
 import psutil
@@ -13,6 +12,7 @@ from profkit import store
 from profkit.analyze.discovery import Source
 from profkit.analyze.parts import Part
 from profkit.analyze.sources import analyse_source
+from profkit.core import forkserver
 
 # Many inputs (the ranks of a large job) are analysed in worker processes, one input at a time each, with as
 # many workers as the memory of the largest input allows; a few small inputs are faster in this process.
@@ -32,11 +32,7 @@ def analyse_all(sources: list[Source], jobs: int | None) -> list[Part]:
     # Not a fork of this process, which may hold threads (torch, a GUI). A spawned worker imports the analysis
     # anew: about 30 s on a slow 2-core machine, more than most analyses take. On Linux the workers are forked
     # from multiprocessing's forkserver, which imports it once and lives as long as this process.
-    if sys.platform == "linux":
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["profkit.analyze.sources"])  # no effect once a server runs (record's preloads it)
-    else:
-        ctx = multiprocessing.get_context("spawn")
+    ctx = forkserver.context(["profkit.analyze.sources"]) or multiprocessing.get_context("spawn")
     # Largest first, so that a big input does not start last; results come back in input order.
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         order = sorted(range(len(sources)), key=lambda i: -sizes[i])

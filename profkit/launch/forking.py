@@ -16,16 +16,14 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
+from profkit.core import forkserver
 from profkit.core.settings import RunSettings
 
 # A device node of NVIDIA's or AMD's (ROCm) driver: a library imported in the server could open a context there.
 GPU_DRIVER_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
-_CONTEXT = multiprocessing.get_context("forkserver") if sys.platform == "linux" else None
-if _CONTEXT is not None:
-    _CONTEXT.set_forkserver_preload(["profkit.launch.preload"])
+_CONTEXT = forkserver.context(["profkit.launch.preload"])
 _ready = False
 
 
