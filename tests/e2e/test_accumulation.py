@@ -74,7 +74,6 @@ def test_fsdp_under_no_sync_holds_the_unsharded_gradients_on_each_rank(accumulat
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_the_trainer_accumulates_as_the_loop_does(tmp_path):
     out = tmp_path / "traces"
     result = run_cli("record", "lora", "--engine", "trainer", "--grad-accum", "2", *FAST, "-o", str(out))

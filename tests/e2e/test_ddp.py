@@ -19,7 +19,6 @@ USER_SCRIPT = users_distributed_script("my_ddp", "from torch.nn.parallel import 
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_a_users_ddp_script_under_torchrun(tmp_path):
     """Each rank's record holds DDP's buckets as DDP reports them, the breakdown counts them as gradients (no op
     saw them), and the estimate predicts the same bytes for the model found inside the wrapper."""

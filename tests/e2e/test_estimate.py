@@ -96,7 +96,6 @@ def test_recommend_without_runs_orders_by_known_time_costs_not_by_peak():
     assert "not a measurement" in result.stdout.replace("\n", " ")
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("upcast", ["--kbit-upcast", "--no-kbit-upcast"])
 @pytest.mark.long
 def test_qlora_with_and_without_the_kbit_upcast_is_recorded_and_estimated_alike(upcast, tmp_path):

@@ -95,7 +95,6 @@ USER_SCRIPT = users_distributed_script("my_fsdp", "from torch.distributed.fsdp i
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_a_users_fsdp2_script_under_torchrun(tmp_path):
     torchrun(USER_SCRIPT, tmp_path)
     bd = breakdown([tmp_path / "traces" / "my_fsdp"])

@@ -58,7 +58,6 @@ def _wheel(tmp_path: Path, name: str, version: str, body: str, out: Path, python
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_install_over_a_preinstalled_torch_in_a_fresh_venv(tmp_path):
     """A fresh venv stands in for the GPU machine: its packages, torch among them, preinstalled (this project's
     environment on its path). The check installs a missing carried wheel and profkit into its own folder, with
@@ -113,7 +112,6 @@ def test_trim_keeps_only_the_last_profiled_step(tmp_path):
     assert [e["name"] for e in kept if str(e.get("name", "")).startswith("ProfilerStep#")] == [last["name"]]
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_gpu_check_end_to_end_on_cpu(matrix, engines, tmp_path):
     """The whole check as `make gpu-check` runs it, on CPU and micro, on a subset of its runs: runs already recorded
@@ -177,7 +175,6 @@ def test_a_deadline_keeps_what_was_recorded(matrix, tmp_path):
     assert [t.name for t in out.glob("runs-*.tar.gz")] == ["runs-train-1.tar.gz"]
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_a_run_in_flight_at_the_deadline_is_stopped_and_kept_as_interrupted(tmp_path):
     """On the H100 an inference run sat in torch's memory-timeline export past the device call's limit, and the

@@ -68,7 +68,6 @@ def test_estimate_holds_kv_cache_to_the_byte_and_the_peak(matrix, method):
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_generation_batch_and_prompt_length(tmp_path):
     """--batch-size and --seq-len reach generate(): the cache holds batch x (prompt + new - 1) positions, and
     the estimate follows them."""
@@ -105,7 +104,6 @@ def test_quantized_inference_finding(matrix):
     assert f"beyond {expected:,} positions" in sentence
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_the_older_generate_forms_are_estimated_not_recorded(tmp_path):
     result = run_cli("record", "infer_fp16", "--kv-cache", "tuples", "--preset", "micro", "--device", "cpu",

@@ -49,14 +49,12 @@ def _recorded_and_estimated_alike(run, loss: str) -> None:
     assert "…" not in narrow and all(len(line) <= 80 for line in narrow.splitlines())
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("loss", LOSSES)
 @pytest.mark.long
 def test_each_loss_form_is_recorded_and_estimated_alike(loss, full_by_loss):
     _recorded_and_estimated_alike(full_by_loss[loss], loss)
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("loss", ["logits-dtype", "sum"])
 @pytest.mark.long
 def test_the_trainers_loss_is_recorded_and_estimated_alike(loss, tmp_path):
@@ -84,7 +82,6 @@ def test_under_autocast_the_notes_alternative_loss_holds_what_it_says():
     assert abs(peaks["logits-dtype"] / peaks["fp32"] - 1) <= 0.01, peaks
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_the_chunked_loss_never_holds_the_whole_logits_and_the_trainer_refuses_it(full_by_loss, tmp_path):
     """A fused linear cross-entropy: recorded through profkit's loop, its peak is below the fp32 form's by more

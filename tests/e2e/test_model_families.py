@@ -31,7 +31,6 @@ def _method(family: str, name: str):
         get_method(name)
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", ["full", "lora", "qlora"])
 @pytest.mark.long
@@ -41,7 +40,6 @@ def test_the_estimate_matches_a_cpu_recording_of_each_family(family, name, famil
         assert compared.loc["parameters_quantized"].measured_bytes > 0
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("family", ["micro-moe", "mixtral"])
 @pytest.mark.long
 def test_quantized_experts_match_a_cpu_recording(family, family_checkpoints, tmp_path):

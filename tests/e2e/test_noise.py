@@ -26,7 +26,6 @@ def repeated(tmp_path_factory):
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_repetitions_are_one_run_of_fresh_processes(repeated):
     top = json.loads((repeated / "lora" / store.MANIFEST).read_text())
     assert top["status"] == "ok" and top["repeats"] == 2
@@ -41,7 +40,6 @@ def test_repetitions_are_one_run_of_fresh_processes(repeated):
         assert r.profiled_step_min_s <= r.profiled_step_time_s <= r.profiled_step_max_s
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_a_method_against_itself_claims_no_difference(repeated):
     bd = breakdown([repeated])
@@ -106,7 +104,6 @@ def test_a_difference_is_claimed_only_when_the_ranges_do_not_overlap(a, b, claim
     assert noise.Difference(b[0] - a[0], a, b).measurable is claimed
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_the_viewer_opens_each_repetition_of_a_repeated_run(repeated):
     """`profkit view` finds runs as the analysis does: a --repeats run is its repetitions, each one openable."""

@@ -63,7 +63,6 @@ def test_rank_16_on_all_linear_layers_with_8bit_adamw(rank16):
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_fp4_without_double_quantization(tmp_path):
     result = run_cli("record", "qlora", "--quant-type", "fp4", "--no-double-quant", *FAST, "-o", str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -110,7 +109,6 @@ def test_settings_that_make_no_sense_exit_2(args, message, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_the_reports_command_records_the_same_run_again(tmp_path):
     """The report's reproduction command is built from each run's own settings (RunSettings.to_argv): run as

@@ -197,7 +197,6 @@ def test_nproc_needs_a_method_that_shards(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("method", ZERO_METHODS_ON_TINY)
 @pytest.mark.long
 def test_the_estimate_at_world_size_two_matches_each_rank(zero_on_tiny, method):
@@ -230,7 +229,6 @@ def zero3_over_threshold(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_zero3_partitions_4bit_weights_past_the_persistence_threshold(zero3_over_threshold):
     """DeepSpeed partitions a 4-bit weight like any other parameter, by its packed storage: each rank holds half
@@ -281,7 +279,6 @@ def _rank_process(parent: subprocess.Popen, rank: int, timeout: float = 180) -> 
     raise AssertionError(f"rank {rank} never started")
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_a_killed_rank_fails_the_run_and_is_named(tmp_path):
     out = tmp_path / "traces"
@@ -360,7 +357,6 @@ def test_the_trainer_on_several_cpu_ranks_is_unsupported_with_the_reason(tmp_pat
     assert top["status"] == "unsupported" and "accelerate" in top["reason"] and top["reason"].startswith("rank ")
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_fsdp_beside_zero3_is_a_finding(fsdp_ranks, two_ranks):
     """The same LoRA on two ranks, sharded by FSDP2 and by ZeRO-3 (the rank fixture's run)."""

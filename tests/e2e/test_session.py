@@ -171,7 +171,6 @@ with profkit.Session(sys.argv[1], model, optimizer, **QUICK) as session:
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_two_sessions_on_one_directory_leave_one_complete_run(tmp_path):
     """Two processes record into the same run at once: each writes its own partial directory; the commits
     replace each other whole, so what is left is one complete run and no partial one."""
@@ -314,7 +313,6 @@ def test_without_the_profilers_export_memory_comes_from_the_storage_lifetimes(tm
 
 
 @pytest.mark.long
-@pytest.mark.long
 def test_a_compiled_model_decomposes_by_both_sources_alike(tmp_path):
     """A user's loop over a ``torch.compile``d model (``aot_eager``: AOTAutograd's partitioner decides what is saved
     for backward; no C++ compiler needed): the run is complete, static owners are the inventory's to the byte,
@@ -368,7 +366,6 @@ def test_the_allocators_history_is_kept_through_the_warmup_steps_on_cuda(tmp_pat
     assert json.loads((s.path / "manifest.json").read_text())["status"] == "oom"
 
 
-@pytest.mark.long
 @pytest.mark.long
 def test_a_user_loop_under_autocast_over_fp32_weights_is_estimated_as_it_ran(tmp_path):
     """A hand-written loop with the model as from_config made it (fp32) and bf16 autocast around the forward: the
