@@ -5,10 +5,10 @@ predicted (`profkit.predict.published_throughput`); the others keep the reason t
 was drawn before the step-time model existed (analyses/published_throughput/README.md); the held-out rows are
 compared only with `--held-out`, once, at the end. Writes reports/step-time/vs-published-{used,held-out}.{md,csv}.
 
-A third set, `fresh` (tests/data/published/throughput_fresh.csv), was gathered after the model's last change, from
-projects the first table does not hold, and compared once: `--fresh`.
+A third set, `holdout-peft-comparison` (tests/data/published/throughput_peft_comparison.csv), from projects the first
+table does not hold, was held out from every change to the model and compared once: `--peft-comparison`.
 
-Usage: python analyses/step_time_vs_published.py [--held-out | --fresh]
+Usage: python analyses/step_time_vs_published.py [--held-out | --peft-comparison]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from profkit.predict.published_throughput import compare_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "tests" / "data" / "published" / "throughput.csv"
-FRESH = TABLE.with_name("throughput_fresh.csv")
+PEFT_COMPARISON = TABLE.with_name("throughput_peft_comparison.csv")
 OUT = ROOT / "reports" / "step-time"
 
 
@@ -28,10 +28,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--held-out", action="store_true")
-    which.add_argument("--fresh", action="store_true")
+    which.add_argument("--peft-comparison", action="store_true")
     args = parser.parse_args()
-    split = "held-out" if args.held_out else "fresh" if args.fresh else "used"
-    table = compare_throughput(FRESH if args.fresh else TABLE, TABLE.with_name("models.json"), split=split)
+    split = "held-out" if args.held_out else "holdout-peft-comparison" if args.peft_comparison else "used"
+    table = compare_throughput(PEFT_COMPARISON if args.peft_comparison else TABLE, TABLE.with_name("models.json"), split=split)
     OUT.mkdir(parents=True, exist_ok=True)
     table.to_csv(OUT / f"vs-published-{split}.csv", index=False)
     done = table[table.reason == ""]

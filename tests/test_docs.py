@@ -6,6 +6,7 @@ user-facing page narrates how the project was made."""
 from __future__ import annotations
 
 import importlib.util
+import csv
 import re
 from pathlib import Path
 
@@ -107,8 +108,8 @@ def test_the_readme_keeps_ci_commands():
     assert (ROOT / ".ci" / "run").read_text().count("make test") >= 1
 
 
-# Outside code spans (where a data key such as `fresh3` or a file name may appear): a session number or a batch
-# nickname says how the project was made, not what the data is.
+# Outside code spans (where a file name may appear): a session number or a batch nickname says how the project was
+# made, not what the data is.
 NARRATION = re.compile(r"\bsessions? \d+|\bthis session\b|\bfresh\d+\b", re.I)
 
 
@@ -120,3 +121,19 @@ def test_no_page_narrates_its_making():
             for match in NARRATION.finditer(re.sub(r"`[^`]*`", "", line)):
                 found.append(f"{page.relative_to(ROOT)}:{number}: {match.group(0)}")
     assert not found, "user-facing text narrates how it was made:\n" + "\n".join(found)
+
+
+# A split of the published sets is named by what it holds (used, or held out from which sources), not by the batch
+# it was gathered in; the split names become file names under reports/.
+SPLIT_NAME = re.compile(r"(used|holdout|held-out)(-[a-z0-9]+)*")
+
+
+def test_published_splits_are_named_by_their_sources():
+    published = ROOT / "tests" / "data" / "published"
+    for table in sorted(published.glob("*.csv")):
+        with table.open(newline="") as rows:
+            splits = {row.get("split") for row in csv.DictReader(rows)} - {None, ""}  # empty: a row not used, with why
+        bad = sorted(s for s in splits if not SPLIT_NAME.fullmatch(s) or NARRATION.search(s.replace("-", " ")))
+        assert not bad, f"{table.name}: split names that do not say what they hold: {bad}"
+    reports = [p.name for p in (ROOT / "reports").rglob("*") if re.search(r"fresh|session", p.name)]
+    assert not reports, f"report files named by a batch: {reports}"

@@ -1,11 +1,11 @@
-"""The `fresh` published throughputs (tests/data/published/throughput_fresh.csv): gathered after the step-time
+"""The `holdout-peft-comparison` published throughputs (tests/data/published/throughput_peft_comparison.csv): gathered after the step-time
 model's last change (attention per tile, reports/step-time/calibration.md), from projects the main table does not
-hold, and compared once (`analyses/step_time_vs_published.py --fresh`). Sources and caveats:
-tests/data/published/throughput_fresh_SOURCES.md.
+hold, and compared once (`analyses/step_time_vs_published.py --peft-comparison`). Sources and caveats:
+tests/data/published/throughput_peft_comparison_SOURCES.md.
 The PEFT rows are read from a fetched snapshot of huggingface/peft (`fetch github:huggingface/peft`); the others are
 typed in from the quoted text.
 
-Usage: python analyses/published_throughput/fresh.py
+Usage: python analyses/published_throughput/peft_comparison.py
 """
 import csv
 import json
@@ -15,7 +15,7 @@ from common import git_show
 COLS="split,source,quote,model,gpu,n_gpus,method,gc,sharding,offload,precision,batch_per_device,grad_accum,seq_len,packing,lora_rank,lora_targets,attention,framework,measured,unit,what_counted,notes".split(",")
 rows=[]
 def add(**k):
-    r={c:k.get(c,"unstated") for c in COLS}; r["split"]="fresh"; rows.append(r)
+    r={c:k.get(c,"unstated") for c in COLS}; r["split"]="holdout-peft-comparison"; rows.append(r)
 
 # ---------- PEFT MetaMathQA method_comparison (L40S) ----------
 runs=[("51c2ff666b142d004c12609c9686cf17ca055751",f) for f in ["lora--llama-3.2-3B-rank32","lora--llama-3.2-3B-rank64","lora--llama-3.2-3B-rank64-rslora","lora--llama-3.2-3B-rank10-target-mlp","full-finetuning--llama-3.2-3B-lr_0.00001"]]
@@ -111,6 +111,6 @@ add(**ec, quote="4× RTX PRO 4500 delivers 10,717 tok/s aggregate training throu
 add(**ec, quote="RTX PRO 6000 Server Edition is the fastest single card in this test at 4,962 tok/s.", gpu="NVIDIA RTX PRO 6000 Blackwell Server Edition", n_gpus=1, sharding="none", measured=4962, unit="tokens/s", what_counted="single GPU (per GPU)", notes=en)
 add(**ec, quote="A 2-GPU configuration reaches 9,541 tok/s, approaching 4× RTX PRO 4500 aggregate throughput.", gpu="NVIDIA RTX PRO 6000 Blackwell Server Edition", n_gpus=2, sharding="ddp", measured=9541, unit="tokens/s", what_counted="aggregate over 2 GPUs (NOT per GPU)", notes=en)
 
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "published", "throughput_fresh.csv"), "w", newline="") as fh:
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "published", "throughput_peft_comparison.csv"), "w", newline="") as fh:
     w=csv.DictWriter(fh,fieldnames=COLS); w.writeheader(); w.writerows(rows)
 print(len(rows))
