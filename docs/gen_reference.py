@@ -56,13 +56,16 @@ def _methods() -> list[str]:
     return lines
 
 
-def _method_settings() -> list[str]:
+def _method_settings(hidden: bool = False) -> list[str]:
+    """The settings --help shows, or (``hidden``) those a stack derives, which an expert may still force."""
     from profkit.core.methods import SETTINGS, Method
 
     defaults = {f.name: f.default for f in dataclasses.fields(Method)}
     lines = ["| option | applies to | values | registry default | what it sets |", "|---|---|---|---|---|"]
     for setting in SETTINGS.values():
         option = setting.option
+        if option.hidden != hidden:
+            continue
         flag = f"{option.flag}/--no-{option.flag[2:]}" if option.type is bool else option.flag
         default = defaults.get(setting.field)
         if isinstance(default, tuple):
@@ -105,6 +108,22 @@ def _presets() -> list[str]:
     for p in PRESETS.values():
         name = f"`{p.name}` (default)" if p.name == DEFAULT_PRESET else f"`{p.name}`"
         lines.append(f"| {name} | {_cell(p.description)} | {p.batch_size} | {p.seq_len} | {p.max_new_tokens} |")
+    return lines
+
+
+def _stack_parts() -> list[str]:
+    from profkit.core.stack import PACKAGES
+
+    return [*PACKAGES, "loop", "fsdp"]
+
+
+def _named_stacks() -> list[str]:
+    from profkit.core.stack import presets
+
+    lines = ["| name | parts | what it stands for | read in |", "|---|---|---|---|"]
+    for name, entry in presets().items():
+        parts = ", ".join(f"{k}={v}" for k, v in entry.items() if k not in ("what", "source"))
+        lines.append(f"| `{name}` | {_code(parts)} | {_cell(entry['what'])} | {_cell(entry['source'])} |")
     return lines
 
 
@@ -203,6 +222,23 @@ def render() -> str:
         "",
         *_method_settings(),
         "",
+        "## The stack a run uses",
+        "",
+        "`profkit estimate --stack` and `recommend --stack` name the software a run uses where it is not what is "
+        "installed beside profkit: a named stack, `part=value` pairs (`transformers=4.48.1,bitsandbytes=0.43.3,"
+        "loop=litgpt`; parts: " + ", ".join(f"`{p}`" for p in _stack_parts()) + "), or both "
+        "(`litgpt,transformers=4.40`: the pairs over the named stack). A part not given is the installed "
+        "package's; a recorded run's manifest comes first where `recommend` reads runs. Every estimate names the "
+        "stack on its first line and in `--format json` under `stack`, each part with where it came from.",
+        "",
+        *_named_stacks(),
+        "",
+        "What a stack implies is derived from it in one place (`profkit/predict/mechanisms.py`), each with a note. "
+        "The settings below are those mechanisms; `--help` does not show them, but each still forces its "
+        "mechanism where the stack does not say enough (an option given wins over the stack):",
+        "",
+        *_method_settings(hidden=True),
+        "",
         "## Run settings",
         "",
         "`profkit record` takes all of these; `estimate` and `recommend` take the workload's (see each command "
@@ -216,7 +252,7 @@ def render() -> str:
         "",
         *_presets(),
         "",
-        "## Stack",
+        "## Supported versions",
         "",
         "The ranges `pyproject.toml` declares (tested together in CI on CPU; the lowest torch by "
         "`analyses/lowest_torch.sh`).",

@@ -105,13 +105,13 @@ def test_zero3_partitions_4bit_weights_and_offload_moves_them_to_the_host():
 
 
 def test_the_trainers_fsdp_is_estimated_with_accelerates_autocast():
-    """Through the Trainer (--engine trainer), accelerate runs autocast beside FSDP's mixed precision; profkit's loop
+    """Through the Trainer (--stack trainer), accelerate runs autocast beside FSDP's mixed precision; profkit's loop
     does not. The estimate says which it took. On a LayerNorm model autocast's fp32 norms make the activations
     larger; Llama's norms upcast by themselves, so there it changes nothing."""
     runs = {}
     for engine in ("loop", "trainer"):
-        result = invoke("estimate", "lora_fsdp", "--engine", engine, "--precision", "bf16-mixed", "--world-size", "2",
-                        "--preset", "micro", "--format", "json")
+        result = invoke("estimate", "lora_fsdp", "--stack", {"loop": "loop=profkit", "trainer": "trainer"}[engine],
+                        "--precision", "bf16-mixed", "--world-size", "2", "--preset", "micro", "--format", "json")
         assert result.returncode == 0, result.stderr
         [runs[engine]] = json.loads(result.stdout)
     assert runs["trainer"]["settings"]["engine"] == "trainer"

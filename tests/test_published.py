@@ -12,8 +12,8 @@ from transformers import AutoConfig
 
 from profkit.model.build import sequence_limit
 from profkit.predict.estimate import estimate
-from profkit.predict.published import (COUNTERS, compare_wide, config_of, generate_of_version, read_figure,
-                                       within_positions)
+from profkit.predict.mechanisms import generate_of_version
+from profkit.predict.published import COUNTERS, compare_wide, config_of, read_figure, within_positions
 
 DATA = Path(__file__).parent / "data" / "published"
 MODELS = {"Llama 2 7B": {"config": {}, "names": ["Llama-2-7b"]}, "Qwen (v1)": {"unsupported": "custom code"}}

@@ -12,8 +12,13 @@ from profkit.core import gpus
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.core.presets import UnknownPresetError, get_preset
 from profkit.core.settings import RunSettings
+from profkit.core.stack import Stack, StackError
 from profkit.core.units import human_bytes
 
+STACK_HELP = ("The software the run uses, where it is not what is installed here: a named stack (trainer, axolotl, "
+              "litgpt, torchtune, llama-recipes, ...; `profkit methods --stacks`) or part=value pairs "
+              "(transformers=4.48.1,bitsandbytes=0.43.3,loop=litgpt). Its library versions and loop decide the "
+              "mechanisms they imply (the loss's form, kept logits, caches, legacy buffers).")
 EPILOG = "Exit codes: 0 estimated; 2 bad arguments (unknown method or preset, unreadable model, a method not modelled)."
 TRAINING = [m.name for m in METHODS.values() if m.kind == "train"]
 INFERENCE = [m.name for m in METHODS.values() if m.kind == "infer"]
@@ -32,21 +37,42 @@ def workload_settings(run_settings: dict) -> RunSettings:
     return RunSettings.from_options(run_settings, method="")
 
 
-def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int):
+def read_stack(text: str | None, first=None):
+    """The stack an estimate assumes: ``first`` (a recorded run's) where it states a part, then ``--stack``'s,
+    then the packages installed here; exits 2 naming what ``--stack`` got wrong."""
+    try:
+        stack = Stack.installed().over(Stack.parse(text)) if text else Stack.installed()
+    except StackError as exc:
+        fail_usage(f"--stack: {exc}")
+    return stack.over(first) if first is not None else stack
+
+
+def stacked_methods(methods: list[Method], given: dict, stack, settings: RunSettings) -> list[Method]:
+    """The methods with what ``stack`` calls for (see ``read_stack``); exits 2 where it is not modelled."""
+    from profkit.predict.mechanisms import NotModelled, stacked_run  # heavy: transformers
+
+    try:
+        return [method for method, _ in stacked_run(methods, given, stack, settings)]
+    except NotModelled as exc:
+        fail_usage(str(exc))
+
+
+def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int, stack=None,
+                  given: dict | None = None):
     """The estimates, or exit 2 with the estimator's reason (a method or model it does not model)."""
     from profkit.predict.estimate import EstimateError, estimate_methods  # heavy: torch; other commands start without it
 
     if device not in ("cpu", "cuda"):
         fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
     try:
-        return estimate_methods(methods, settings, device, world_size)
+        return estimate_methods(methods, settings, device, world_size, stack, given)
     except EstimateError as exc:
         fail_usage(str(exc))
     except (OSError, ValueError) as exc:  # transformers' errors for a config it cannot read or build
         fail_usage(f"cannot build {settings.model_path or settings.preset} on the meta device: {exc}")
 
 
-@options.run_options("preset", "model_path", "batch_size", "seq_len", "max_new_tokens", "engine")
+@options.run_options("preset", "model_path", "batch_size", "seq_len", "max_new_tokens")
 @options.method_options
 def estimate(
     methods: list[str] = typer.Argument(None, help=f"Methods: training ({', '.join(TRAINING)}) or generation "
@@ -58,6 +84,7 @@ def estimate(
     gpu: str = typer.Option(None, "--gpu", help=f"Also predict the step time on this GPU (training methods): "
                                                f"{', '.join(gpus.GPUS)}."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
+    stack_text: str = typer.Option(None, "--stack", help=STACK_HELP),
     run_settings: dict = None, method_settings: dict = None,
 ) -> None:
     """Predict each memory category of a method without running it (the model is built on the meta device: no
@@ -70,11 +97,12 @@ def estimate(
         fail_usage(str(exc))
     if not chosen:
         fail_usage(f"name at least one method, or --all; methods: {', '.join(TRAINING + INFERENCE)}")
-    chosen, _ = options.apply(chosen, method_settings)
+    chosen, given = options.apply(chosen, method_settings)
     settings = workload_settings(run_settings)
     target = find_gpu(gpu, device)
-    estimates = run_estimates(chosen, settings, device, world_size)
-    times = run_step_times(chosen, settings, target, world_size) if target else {}
+    stack = read_stack(stack_text)
+    estimates = run_estimates(chosen, settings, device, world_size, stack, given)
+    times = run_step_times(stacked_methods(chosen, given, stack, settings), settings, target, world_size) if target else {}
 
     from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
@@ -89,6 +117,7 @@ def estimate(
         table = at_peak(estimates).map(lambda b: "-" if b != b else f"{b / 2**20:,.1f}")  # NaN: not given
         typer.echo("## Predicted memory at each method's peak (MiB)\n\n" + table.to_markdown() + "\n")
     else:
+        Console().print(f"stack: {stack.describe()}", highlight=False, soft_wrap=False)
         _print(estimates, settings, device, world_size)
         if times:
             _print_times(times, target, estimates, fitting)

@@ -20,7 +20,7 @@ def _typer_option(option: CommandOption, default, help_prefix: str):
     declared = (f"{option.flag}/--no-{option.flag[2:]}",) if option.type is bool else (option.flag,)
     bounds = {k: v for k, v in (("min", option.minimum), ("max", option.maximum)) if v is not None}
     return typer.Option(default, *declared, help=help_prefix + option.help, rich_help_panel=option.panel,
-                        show_default=default is not None, **bounds)
+                        show_default=default is not None, hidden=option.hidden, **bounds)
 
 
 def with_options(options: dict[str, tuple[CommandOption, object]], into: str, help_prefix: str = "") -> Callable:

@@ -13,11 +13,13 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
 from profkit.cli.common import fail_usage, parse_budget
-from profkit.cli.estimate_cmd import find_gpu, run_estimates, run_step_times, workload_settings
+from profkit.cli.estimate_cmd import (STACK_HELP, find_gpu, read_stack, run_estimates, run_step_times,
+                                     stacked_methods, workload_settings)
 from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
 from profkit.core.settings import RunSettings
+from profkit.core.stack import Stack
 from profkit.core.units import human_bytes, human_seconds
 from profkit.predict import recommend as ranking
 
@@ -32,6 +34,7 @@ def recommend(
     device: str = typer.Option("cuda", help="Without runs: the target, cuda or cpu."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help=f"Rank methods without a run by their step time predicted "
                                                          f"on this GPU: {', '.join(gpus.GPUS)}."),
+    stack_text: Optional[str] = typer.Option(None, "--stack", help="Without runs: " + STACK_HELP),
     run_settings: dict = None,
 ) -> None:
     """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
@@ -40,13 +43,17 @@ def recommend(
     budget_bytes = parse_budget(budget)
 
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
-    settings, target = (_settings_of_runs(path) if not measured.empty
-                        else (workload_settings(run_settings).resolved(), device))
+    settings, target, recorded = (_settings_of_runs(path) if not measured.empty
+                                  else (workload_settings(run_settings).resolved(), device, None))
+    stack = read_stack(stack_text, recorded)  # the runs' own stack first
     missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
     target_gpu = find_gpu(gpu, target)
-    times = run_step_times(missing, settings, target_gpu, 1) if target_gpu is not None and missing else {}
-    estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1) if missing else [], times)
+    times = (run_step_times(stacked_methods(missing, {}, stack, settings), settings, target_gpu, 1)
+             if target_gpu is not None and missing else {})
+    estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1, stack) if missing else [], times)
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
+    if missing:  # what the estimates assumed; measured runs ran what they ran
+        Console().print(f"stack: {stack.describe()}", highlight=False)
     _print(ranked, budget_bytes, settings, target, target_gpu.key if target_gpu else None)
     if not ranked.fits.any():
         raise typer.Exit(Exit.FAILED)
@@ -64,15 +71,16 @@ def _training_runs(path: Path):
     return runs[runs.get("kind", pd.Series(index=runs.index, dtype=object)) == "train"]
 
 
-def _settings_of_runs(path: Path) -> tuple[RunSettings, str]:
-    """The model, sizes and device the recorded runs used, so that estimates compare with them."""
+def _settings_of_runs(path: Path) -> tuple[RunSettings, str, Stack]:
+    """The model, sizes, device and stack the recorded runs used, so that estimates compare with them."""
     for run in store.find_runs(path):
         try:
             record = run.read_record()
         except store.ManifestError:
             continue
         if record.complete and record.run_settings:
-            return RunSettings.from_json(record.run_settings), record.device.get("type", "cpu")
+            return (RunSettings.from_json(record.run_settings), record.device.get("type", "cpu"),
+                    Stack.from_manifest(record.versions, record.engine))
     fail_usage(f"{path}: no completed run to take the model and sizes from")
 
 

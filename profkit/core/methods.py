@@ -169,9 +169,17 @@ class Setting:
 PANEL = "Method settings (default: the registry's; `profkit methods`)"
 
 
+# What a stack does (a library version's or a loop's behaviour): derived from the stack (profkit.predict.mechanisms),
+# so not in --help; an expert can still force one.
+STACK_MECHANISMS = ("kbit_upcast", "bnb_keeps_inputs", "quantize_head", "quantize_experts", "keeps_previous_logits",
+                    "keeps_kv_cache", "loss", "grad_sync", "fsdp_flat", "prefill_logits", "kv_cache", "buffers_of")
+
+
 def _setting(field_name: str, applies: str, label: Callable[[Any], str], flag: str, help: str, type_: type,
              choices: tuple[str, ...] = (), minimum: float | None = None, maximum: float | None = None) -> Setting:
-    return Setting(field_name, applies, label, CommandOption(flag, help, type_, minimum, maximum, choices, PANEL))
+    hidden = field_name in STACK_MECHANISMS
+    return Setting(field_name, applies, label,
+                   CommandOption(flag, help, type_, minimum, maximum, choices, PANEL, hidden=hidden))
 
 
 # Keyed by the command line's name (--lora-rank: lora_rank), in the order a run's name lists them.

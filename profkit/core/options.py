@@ -16,6 +16,8 @@ class CommandOption:
     maximum: float | None = None
     choices: tuple[str, ...] = ()  # a value outside them is refused with the valid ones named
     panel: str | None = None  # the help's section
+    # An expert's override of what the stack derives (profkit.predict.mechanisms): accepted, not in --help.
+    hidden: bool = False
 
     def words(self, value) -> list[str]:
         """The command-line words that set ``value``."""

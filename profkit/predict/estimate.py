@@ -31,12 +31,14 @@ import pandas as pd
 
 from profkit.core.methods import Method, UnsupportedError
 from profkit.core.quiet import library_output
+from profkit.core.stack import Stack
 from profkit.model.build import model_code_refusal, model_config
 from profkit.predict.memory.generation import estimate_generation, kv_cache_bytes
 from profkit.predict.memory.optimizer import optimizer_state_bytes
 from profkit.predict.memory.parameters import nf4_bytes
 from profkit.predict.memory.result import (CATEGORIES, DEVICE_BASIS, GROWING_BASIS, RESERVED_BASIS, Estimate,
                                            EstimateError, outside_allocator, reserved_ratios)
+from profkit.predict.mechanisms import NotModelled, stacked_run
 from profkit.predict.memory.training import estimate_training
 from profkit.predict.stand_ins import Target
 
@@ -78,8 +80,26 @@ def estimate_run(method: Method, settings, target: Target, world_size: int = 1) 
                     target, settings.model_path or settings.preset, settings.engine, settings.max_new_tokens)
 
 
-def estimate_methods(methods: list[Method], settings, target: Target, world_size: int = 1) -> list[Estimate]:
-    return [estimate_run(m, settings, target, world_size) for m in methods]
+def estimate_methods(methods: list[Method], settings, target: Target, world_size: int = 1,
+                     stack: Stack | None = None, given: dict | None = None) -> list[Estimate]:
+    """Each method's estimate. With a ``stack``, each method first takes the settings that stack calls for
+    (``predict.mechanisms``; those in ``given``, the user's, stay) and its loop's engine; each estimate's notes
+    begin with why, and it names the stack it assumed."""
+    if stack is None:
+        return [estimate_run(m, settings, target, world_size) for m in methods]
+    try:
+        with library_output():
+            pairs = stacked_run(methods, given or {}, stack, settings)
+    except NotModelled as exc:
+        raise EstimateError(str(exc)) from None
+    settings = replace(settings, engine=stack.engine)
+    estimates = []
+    for method, notes in pairs:
+        e = estimate_run(method, settings, target, world_size)
+        e.notes[:0] = notes
+        e.stack = stack.to_json()
+        estimates.append(e)
+    return estimates
 
 
 def frame(estimates: list[Estimate]) -> pd.DataFrame:

@@ -16,10 +16,17 @@ import pandas as pd
 from transformers import AutoConfig
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-from profkit.core.methods import ALL_LINEAR, Method, OverrideError, get_method, with_overrides
+from profkit.core.methods import (
+    ALL_LINEAR,
+    Method,
+    OverrideError,
+    get_method,
+    with_overrides,
+)
+from profkit.core.stack import Stack
 from profkit.model.build import sequence_limit
-from profkit.model.legacy_buffers import builds_tables
 from profkit.predict.estimate import EstimateError, estimate
+from profkit.predict.mechanisms import NotModelled, derive
 
 UNITS = {"GB": 1e9, "GiB": 2**30, "MB": 1e6, "MiB": 2**20}
 
@@ -63,11 +70,11 @@ def compare(table: Path, models: Path | None = None) -> pd.DataFrame:
 
 # A fixed length: as stated, packed, every sample padded to it ("64 (max_length, padded)"), or a prompt's length.
 NUMBER = re.compile(r"^\s*(\d+)\s*(\((packed|packing true|max length|max_length, padded|prompt|prompt tokens)\))?\s*$",
-                    re.I)
+                    re.IGNORECASE)
 # Batches padded to their longest sample, truncated at a cap: "<=768 (truncation, ...)", "<=512 (..., truncated)",
 # "1024 (max_length truncation; dataset mean ...)", "4096 max (alpaca, not packed; padded per batch)".
 CAPPED = re.compile(r"^\s*(?:<=\s*(\d+)\b.*truncat|(\d+)\s*\(max_length truncation|(\d+)\s+max\b.*padded per batch)",
-                    re.I)
+                    re.IGNORECASE)
 SHORT_PROMPT = 8
 # Losses computed from the hidden states chunk by chunk, the LM head inside: profkit's ``chunked`` form.
 FUSED_LOSSES = ("cut-cross-entropy", "liger-fused-linear-cross-entropy")
@@ -219,8 +226,6 @@ def _generation_figure(r, model: str, entry: dict, seq_len: int, assumed: list[s
         raise _NoEstimate(f"{r.method}: not a method profkit estimates")
     overrides: dict = {}
     if name == "infer_int4":
-        if _experts(entry.get("config", {})) > 1 and not _transformers_5(r):
-            raise _NoEstimate(MOE_4BIT)
         quant = r.quant_type.split(" ")[0].lower()
         if quant not in ("nf4", "fp4"):
             raise _NoEstimate(f"4-bit type not stated ({r.quant_type})")
@@ -228,7 +233,7 @@ def _generation_figure(r, model: str, entry: dict, seq_len: int, assumed: list[s
     new = re.match(r"\s*(\d+)", r.max_new_tokens)
     if not new:
         raise _NoEstimate("new tokens not stated")
-    _generation_stack(r, entry, overrides, assumed)
+    _stack_settings(stack_of(r), name, entry.get("config", {}), overrides, assumed)
     return Figure(with_overrides(get_method(name), **overrides), model, int(r.batch_size), seq_len,
                   1, int(new.group(1)), assumed=tuple(assumed))
 
@@ -245,7 +250,7 @@ def _training_figure(r, model: str, entry: dict, parallel: _Parallelism, seq_len
     settings = _optimizer_and_precision(r, assumed)
     name = _method_name(r, checkpointing in ("true", "full"), parallel, settings)
     _adapter_settings(r, settings, assumed)
-    engine = _training_stack(r, entry, parallel, name.endswith("_gc"), settings, assumed)
+    engine = _training_stack(r, entry, parallel, name, settings, assumed)
     try:
         method = with_overrides(get_method(name), **settings)
     except OverrideError as exc:  # a setting the source states in words profkit has no value for
@@ -325,72 +330,63 @@ def _adapter_settings(r, settings: dict, assumed: list[str]) -> None:
                        "quantizer converts every Linear layer")
     if getattr(r, "kbit_upcast", "").startswith("False"):  # a stack that prepares without peft's fp32 cast
         settings["kbit_upcast"] = False
-    bnb = re.match(r"\s*(\d+)\.(\d+)(?:\.(\d+))?", getattr(r, "bitsandbytes", ""))
-    if bnb is None:
-        assumed.append("bitsandbytes version not stated: 0.43.2 or later, whose 4-bit layers keep no input for "
-                       "backward (earlier ones did: --bnb-keeps-inputs)")
-    elif tuple(int(g or 0) for g in bnb.groups()) < (0, 43, 2):
-        settings["bnb_keeps_inputs"] = True
-        assumed.append(f"bitsandbytes {bnb.group(0).strip()}: each 4-bit layer keeps its input for backward "
-                       "(--bnb-keeps-inputs, fixed in 0.43.2)")
 
 
-# What the source's software stack (its transformers' version) and its own loop decide, apart from the stated
-# settings.
+# What the source's software stack (its versions and its loop) decides, apart from the stated settings: one Stack
+# per row, its mechanisms derived where every estimate derives them (predict.mechanisms).
 
-def _generation_stack(r, entry: dict, overrides: dict, assumed: list[str]) -> None:
-    """generate()'s forms, attention and per-layer tables as the source's transformers ran them."""
-    model_type = entry.get("config", {}).get("model_type")
-    forms = generate_of_version(getattr(r, "transformers", ""), entry.get("config", {}).get("model_type", ""))
-    if forms:
-        overrides.update(forms)
-        assumed.append(f"generate() as transformers {_version_named(r.transformers)} ran it ("
-                       + ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in forms.items()) + ")")
-    if attention := attention_of_version(getattr(r, "transformers", "")):
-        overrides["attention"] = attention
-        assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
-    if tables := _buffers_of(getattr(r, "transformers", ""), model_type or ""):
-        overrides["buffers_of"] = tables
-        assumed.append(BUFFERS_NOTE.format(_version_named(r.transformers), tables))
+def stack_of(r, parallel: _Parallelism | None = None) -> Stack:
+    """The stack a row states: its transformers and bitsandbytes versions as written (unstated: today's behaviour,
+    said), its loop as its ``loop`` column describes it, FSDP1 where its sharding says so."""
+    loop_text = getattr(r, "loop", "").lower()
+    sharding = parallel.sharding if parallel else ""
+    if "litgpt" in loop_text:
+        loop = "litgpt"
+    elif "utils/train_utils.py" in loop_text:  # llama-recipes; before e5970e2 its outputs stayed bound
+        loop = "llama-recipes-2023" if "before e5970e2" in loop_text else "llama-recipes"
+    elif "transformers trainer" in loop_text:
+        loop = "trainer"
+    elif "accelerate" in sharding:
+        loop = "accelerate"
+    else:
+        loop = "other"
+    parts = {k: getattr(r, k, "").strip() or None for k in ("transformers", "bitsandbytes")}
+    return Stack(**parts, loop=loop, fsdp="fsdp1" if parallel and parallel.fsdp1 else "fsdp2",
+                 origin={k: "source" for k, v in parts.items() if v} | {"loop": "source"})
 
 
-def _training_stack(r, entry: dict, parallel: _Parallelism, checkpointed: bool, settings: dict,
-                    assumed: list[str]) -> str:
-    """What the source's transformers and loop did in training: the 4-bit MoE experts, the loss, accumulation, flat
-    FSDP1 gradients, attention, logits and KV caches kept, per-layer tables; returns the engine its loop is
-    estimated with."""
+def _stack_settings(stack: Stack, name: str, config: dict, settings: dict, assumed: list[str]) -> None:
+    """The settings the row's stack calls for, beside those it states."""
+    try:
+        method = with_overrides(get_method(name), **settings)
+        derived = derive(stack, method, config, given=set(settings))
+    except OverrideError as exc:
+        raise _NoEstimate(f"setting not understood: {exc}") from None
+    except NotModelled as exc:
+        raise _NoEstimate(str(exc)) from None
+    settings.update(derived.settings)
+    assumed.extend(derived.notes)
+
+
+def _training_stack(r, entry: dict, parallel: _Parallelism, name: str, settings: dict, assumed: list[str]) -> str:
+    """What the source's stack did in training (the loss it states, else its transformers'; accumulation; flat
+    FSDP1 gradients; what its loop keeps); returns the engine its loop is estimated with."""
     config = entry.get("config", {})
-    model_type = config.get("model_type")
-    if r.method == "qlora" and _experts(config) > 1 and not _transformers_5(r):
-        raise _NoEstimate(MOE_4BIT)
-    _loss_setting(r, config, settings, assumed)
-    _accumulation(r, parallel, settings, assumed)
+    _own_loss(r, settings, assumed)
+    _accumulation(r, settings, assumed)
     if parallel.flat:
         settings["fsdp_flat"] = True
-    if attention := attention_of_version(getattr(r, "transformers", "")):
-        settings["attention"] = attention
-        assumed.append(EAGER_NOTE.format(_version_named(r.transformers)))
-    if "previous step's logits" in getattr(r, "loop", ""):  # the source's own loop, as its code keeps them
+    stack = stack_of(r, parallel)
+    if "previous step's logits" in getattr(r, "loop", "") and stack.loop == "other":  # a loop no stack names
         settings["keeps_previous_logits"] = True
         assumed.append("the source's loop keeps the previous step's logits, and the graph behind them, until the next "
                        "forward returns (--keeps-previous-logits)")
-    if tables := _buffers_of(getattr(r, "transformers", ""), model_type or ""):
-        settings["buffers_of"] = tables
-        assumed.append(BUFFERS_NOTE.format(_version_named(r.transformers), tables))
-    if "kv cache" in getattr(r, "loop", "").lower():  # use_cache left on under a checkpoint wrapper of its own
-        settings["keeps_kv_cache"] = True
-        assumed.append("the source's forward builds transformers' KV cache and its outputs hold it (--keeps-kv-cache)")
-    elif checkpointed and _caches_under_checkpointing(getattr(r, "transformers", ""), config):
-        settings["keeps_kv_cache"] = True
-        assumed.append(CACHE_NOTE.format(_version_named(r.transformers), model_type))
-    # transformers' Trainer (through accelerate) where the source says so, or its sharding names accelerate; else
-    # the source's own loop, estimated as profkit's
-    trainer = "accelerate" in parallel.sharding or "transformers trainer" in getattr(r, "loop", "").lower()
-    return "trainer" if trainer else "session"
+    _stack_settings(stack, name, config, settings, assumed)
+    return stack.engine
 
 
-def _loss_setting(r, config: dict, settings: dict, assumed: list[str]) -> None:
-    # The source's own code computes the loss (a trainer that takes the logits), the form first, then its words.
+def _own_loss(r, settings: dict, assumed: list[str]) -> None:
+    """The loss the source's own code computes (a trainer that takes the logits), by its form or its words."""
     own_loss = getattr(r, "loss", "").split(" (")[0].strip()
     if re.sub(r"[\s_]+", "-", own_loss.lower()) in FUSED_LOSSES:  # however the source spells the name
         own_loss = "chunked"
@@ -399,19 +395,9 @@ def _loss_setting(r, config: dict, settings: dict, assumed: list[str]) -> None:
     if own_loss:
         settings["loss"] = own_loss
         assumed.append(f"the loss as the source's own code computes it (--loss {own_loss})")
-        return
-    try:
-        settings["loss"] = loss_of_version(getattr(r, "transformers", ""), config.get("model_type", ""))
-    except NotModelled as exc:
-        raise _NoEstimate(str(exc)) from None
-    if settings["loss"] != "fp32":
-        assumed.append(f"the loss as transformers {_version_named(r.transformers)} computed it for "
-                       f"{config['model_type']} (--loss {settings['loss']})"
-                       + (UPCAST_IN_FORWARD if settings["loss"] == "fp32-shifted"
-                          and _version(r.transformers) < (4, 46) else ""))
 
 
-def _accumulation(r, parallel: _Parallelism, settings: dict, assumed: list[str]) -> None:
+def _accumulation(r, settings: dict, assumed: list[str]) -> None:
     accumulation = getattr(r, "grad_accum", "").strip()
     if not accumulation:
         assumed.append("gradient accumulation not stated: one micro-batch a step (more would keep the gradients "
@@ -420,43 +406,6 @@ def _accumulation(r, parallel: _Parallelism, settings: dict, assumed: list[str])
         raise _NoEstimate(f"gradient accumulation not a number ({accumulation})")
     elif int(accumulation) > 1:
         settings["grad_accum"] = int(accumulation)
-        if parallel.fsdp1 or (parallel.fsdp and "accelerate" in parallel.sharding):
-            # accelerate (the Trainer's) and Lightning accumulate under no_sync; torchtitan and torchtune reduce each
-            # micro-batch
-            settings["grad_sync"] = "last"
-            assumed.append("FSDP's accumulation under no_sync (--grad-sync last), as accelerate and Lightning run it")
-
-
-# What profkit builds (transformers 5) is not what a figure from transformers 4 ran.
-MOE_4BIT = ("4-bit MoE: transformers 5 keeps the experts as 3-D tensors that bitsandbytes does not quantize (fp32 "
-            "after peft's k-bit preparation), where transformers 4 quantized one Linear per expert: another "
-            "computation than the figure's")
-
-
-def _experts(config: dict) -> int:
-    return max(int(config.get(key) or 0) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
-
-
-def _version(text: str) -> tuple[int, int] | None:
-    """A stated transformers version's (major, minor); None where none is stated. A bound, ``<4.36``, where the
-    source states none but its date precedes that release, reads as the minor before it: every rule here is of the
-    form "before X", which holds for whatever version ran when X is at or past the bound."""
-    parts = re.match(r"\s*(<)?\s*(\d+)\.(\d+)", text or "")
-    if parts is None:
-        return None
-    major, minor = int(parts.group(2)), int(parts.group(3))
-    return (major, minor - 1) if parts.group(1) else (major, minor)
-
-
-def _version_named(text: str) -> str:
-    """The version as a note names it: the stated one, or the bound a figure's date sets."""
-    named = text.split(" (")[0].strip()
-    return f"older than {named[1:].strip()} (the figure's date)" if named.startswith("<") else named
-
-
-def _transformers_5(r) -> bool:
-    version = _version(getattr(r, "transformers", ""))
-    return version is not None and version >= (5, 0)
 
 
 def _lora_targets(text: str) -> str:
@@ -475,94 +424,6 @@ def _lora_targets(text: str) -> str:
                 if name not in names:
                     names.append(name)
     return ",".join(names)
-
-
-# The loss transformers computed before 4.49, read from its 4.41.2, 4.45.2 and 4.48.1 sources. 4.46-4.48: the models
-# that call ForCausalLMLoss (an fp32 copy of the logits, then a shifted copy of it); Granite-MoE and GPT-Neo upcast
-# the same way in their own code. All of them: the models whose own loss took the logits as they came (a shifted
-# copy in their dtype). Before 4.46 the first group upcast inside the model (``logits.float()``) and took the same
-# shifted fp32 copy; its 16-bit logits were freed at once, so the form holds one 16-bit copy of the logits more than
-# those versions did, at the end of forward only (the estimate says so).
-FP32_SHIFTED_4_46 = frozenset(
-    "aria bamba cohere cohere2 diffllama emu3 gemma gemma2 glm granite jamba jetmoe llama mistral mixtral mllama "
-    "nemotron olmo olmo2 olmoe persimmon phi phi3 phimoe qwen2 qwen2_moe stablelm starcoder2 zamba granitemoe "
-    "gpt_neo".split())
-LOGITS_DTYPE_BEFORE_4_49 = frozenset({"gpt_bigcode", "opt", "bloom", "falcon", "gpt_neox"})
-
-
-def generate_of_version(version: str, model_type: str) -> dict[str, str]:
-    """How the source's transformers ran generate(), where it differs from today's (``Method.prefill_logits`` and
-    ``kv_cache``): before 4.45 the prompt pass computed every position's logits, which the Llama family (the models
-    4.46 gave ``ForCausalLMLoss``, the upcast moving into it) upcast to fp32 in its forward; before 4.36 each pass
-    returned new key and value tuples. No version stated: today's (the estimate names it)."""
-    stated = _version(version)
-    forms: dict[str, str] = {}
-    if stated is not None and stated < (4, 45):
-        forms["prefill_logits"] = "all-fp32" if model_type in FP32_SHIFTED_4_46 else "all"
-    if stated is not None and stated < (4, 36):
-        forms["kv_cache"] = "tuples"
-    return forms
-
-
-def attention_of_version(version: str) -> str | None:
-    """``eager`` where the source's transformers predates ``attn_implementation`` (4.36): its models computed
-    attention op by op, each layer keeping its attention matrix for backward; None otherwise (the estimate's fused
-    kernel, as transformers has picked SDPA by default since)."""
-    stated = _version(version)
-    return "eager" if stated is not None and stated < (4, 36) else None
-
-
-BUFFERS_NOTE = ("the tables transformers {} built in every layer (rotary cos and sin tables over every position, "
-                "causal-mask tables), which the installed one does not (--buffers-of {})")
-
-
-def _buffers_of(version: str, model_type: str) -> str | None:
-    """The --buffers-of a figure's transformers calls for: its version where that version built per-layer tables for
-    ``model_type`` (a bound, only where every version before it did); None elsewhere."""
-    stated = _version(version)
-    if stated is None or not builds_tables(model_type, stated, or_earlier=version.strip().startswith("<")):
-        return None
-    return f"{stated[0]}.{stated[1]}"
-
-
-# Models whose training forward went on building the KV cache under their own gradient checkpointing (use_cache as
-# the configuration set it, true by default), until the release that turned it off there: GPTBigCode until 4.53,
-# where its layers became GradientCheckpointingLayer (read in each release's modeling code, 4.31 to 4.53).
-CACHE_UNDER_CHECKPOINTING = {"gpt_bigcode": (4, 53)}
-CACHE_NOTE = ("transformers {} built {}'s KV cache in training under its own gradient checkpointing, and the "
-              "outputs held it to the loss (--keeps-kv-cache)")
-
-
-def _caches_under_checkpointing(version: str, config: dict) -> bool:
-    until = CACHE_UNDER_CHECKPOINTING.get(config.get("model_type", ""))
-    stated = _version(version)
-    return until is not None and stated is not None and stated < until and config.get("use_cache", True)
-
-
-EAGER_NOTE = ("attention op by op (--attention eager): transformers {} predates attn_implementation (4.36), so its "
-              "models kept each layer's attention matrix where SDPA or flash attention keeps none")
-
-
-UPCAST_IN_FORWARD = (": before 4.46 the model upcast its logits in its forward and freed the 16-bit ones, one "
-                     "16-bit copy of the logits fewer at the end of forward than this form holds")
-
-
-def loss_of_version(version: str, model_type: str) -> str:
-    """The ``--loss`` form the source's transformers computed for ``model_type``; ``NotModelled`` where profkit has
-    none for it. No version stated: transformers 5's (the default, named by the estimate as its assumption)."""
-    stated = _version(version)
-    if stated is None or stated >= (4, 49):
-        return "fp32"
-    if model_type in LOGITS_DTYPE_BEFORE_4_49:
-        return "logits-dtype"
-    if model_type in FP32_SHIFTED_4_46:  # before 4.46 an upcast in the model's forward, then the same shifted copy
-        return "fp32-shifted"
-    raise NotModelled(f"the loss transformers {version} computed for {model_type or 'this model'} is not one of the "
-                      "forms profkit models (--loss)")
-
-
-class NotModelled(ValueError):
-    """A figure's setup that profkit does not model; the message says which."""
 
 
 def within_positions(seq_len: int, fed: int, limit: int | None) -> tuple[int, str]:

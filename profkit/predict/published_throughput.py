@@ -17,9 +17,10 @@ import pandas as pd
 
 from profkit.core import gpus
 from profkit.core.methods import METHODS, OverrideError, with_overrides
-from profkit.predict.estimate import EstimateError
 from profkit.model.build import sequence_limit
-from profkit.predict.published import MOE_4BIT, config_of, within_positions
+from profkit.predict.estimate import EstimateError
+from profkit.predict.mechanisms import MOE_4BIT
+from profkit.predict.published import config_of, within_positions
 from profkit.predict.step_time import predict
 
 SHARDING = {"none": "", "fsdp": "_fsdp", "zero2": "_zero2", "zero3": "_zero3"}

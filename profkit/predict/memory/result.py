@@ -31,6 +31,7 @@ class Estimate:
     detail: dict[str, int] = field(default_factory=dict)  # named parts behind the categories, bytes
     notes: list[str] = field(default_factory=list)
     host: dict[str, int] = field(default_factory=dict)  # offloaded to pinned host memory, by category, bytes
+    stack: dict = field(default_factory=dict)  # the stack assumed (core.stack.Stack.to_json): part -> value, from
     # Steps of the given lengths replayed through the caching allocator's policy, run when reserved memory is first
     # asked for (whole steps on meta, several times the estimate's own forward); None where it is not replayed.
     replayer: Callable[..., AllocatorReplay | None] | None = field(default=None, repr=False, compare=False)
@@ -127,7 +128,7 @@ class Estimate:
                 "device_used": self.device_used(), "allocator_replay": self.replay and self.replay.to_json(),
                 "reserved_if_lengths_grow": self.reserved_if_lengths_grow(),
                 "params": self.params, "detail": self.detail, "notes": self.notes, "host": self.host,
-                "host_bytes": sum(self.host.values())}
+                "host_bytes": sum(self.host.values()), "stack": self.stack}
 
 
 RESERVED_BASIS = {
