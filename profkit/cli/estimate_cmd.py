@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -8,6 +9,8 @@ from rich.table import Table
 
 from profkit.cli import options
 from profkit.cli.common import Format, fail_usage, labelled_chunks, numbered_if_long
+from profkit.configs import ConfigError
+from profkit.configs.plan import plan
 from profkit.core import gpus
 from profkit.core.methods import METHODS, Method, UnknownMethodError, resolve
 from profkit.core.presets import UnknownPresetError, get_preset
@@ -37,6 +40,32 @@ def workload_settings(run_settings: dict) -> RunSettings:
     return RunSettings.from_options(run_settings, method="")
 
 
+CONFIG_HELP = ("Your training config (axolotl, torchtune, litgpt, LLaMA-Factory, TRL/Trainer YAML or JSON, peft's "
+               "adapter_config.json, DeepSpeed JSON, accelerate YAML); again for another file of the same run. Its "
+               "method, settings, model, sizes and stack are estimated; options given beside it win.")
+
+
+def from_configs(paths: list[Path], named: list[str], method_settings: dict, run_settings: dict, world_size: int):
+    """What the config files say, as an estimate takes it: the methods, the settings given, the run settings,
+    the ranks, the stack they name and the notes on what they say; exits 2 with the file and reason."""
+    given_cli = {k: v for k, v in method_settings.items() if v is not None}
+    try:
+        found = plan(paths, named, given_cli, run_settings.get("model_path"), run_settings.get("batch_size"),
+                     run_settings.get("seq_len"), world_size if world_size != 1 else None)
+    except ConfigError as exc:
+        fail_usage(str(exc))
+    if found.reading.unknown:
+        Console(stderr=True).print(f"[yellow]warning:[/] keys profkit does not know, not read: "
+                                   f"{', '.join(found.reading.unknown)}", highlight=False)
+    if found.seq_len is None:
+        fail_usage(f"{', '.join(str(p) for p in paths)}: no sequence length set (samples of any length); give "
+                   "--seq-len, the longest batch's")
+    run_settings = {**run_settings, "model_path": Path(found.model_path) if found.model_path else None,
+                    "batch_size": found.batch_size, "seq_len": found.seq_len}
+    notes = [f"from {', '.join(Path(p).name for p in found.reading.files)}", *found.notes]
+    return found.methods, found.given, run_settings, found.world_size or 1, found.stack, notes
+
+
 def read_stack(text: str | None, first=None):
     """The stack an estimate assumes: ``first`` (a recorded run's) where it states a part, then ``--stack``'s,
     then the packages installed here; exits 2 naming what ``--stack`` got wrong."""
@@ -49,7 +78,10 @@ def read_stack(text: str | None, first=None):
 
 def stacked_methods(methods: list[Method], given: dict, stack, settings: RunSettings) -> list[Method]:
     """The methods with what ``stack`` calls for (see ``read_stack``); exits 2 where it is not modelled."""
-    from profkit.predict.mechanisms import NotModelled, stacked_run  # heavy: transformers
+    from profkit.predict.mechanisms import (  # heavy: transformers
+        NotModelled,
+        stacked_run,
+    )
 
     try:
         return [method for method, _ in stacked_run(methods, given, stack, settings)]
@@ -60,7 +92,10 @@ def stacked_methods(methods: list[Method], given: dict, stack, settings: RunSett
 def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int, stack=None,
                   given: dict | None = None):
     """The estimates, or exit 2 with the estimator's reason (a method or model it does not model)."""
-    from profkit.predict.estimate import EstimateError, estimate_methods  # heavy: torch; other commands start without it
+    from profkit.predict.estimate import (  # heavy: torch; other commands start without it
+        EstimateError,
+        estimate_methods,
+    )
 
     if device not in ("cpu", "cuda"):
         fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
@@ -85,26 +120,38 @@ def estimate(
                                                f"{', '.join(gpus.GPUS)}."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     stack_text: str = typer.Option(None, "--stack", help=STACK_HELP),
+    configs: list[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     run_settings: dict = None, method_settings: dict = None,
 ) -> None:
     """Predict each memory category of a method without running it (the model is built on the meta device: no
     weights, no memory). Training: one step. Generation: weights, the KV cache and the peak of generate().
     With --gpu, the step time and tokens/s too (predicted from the step's work and efficiencies measured on
     real GPU traces)."""
-    try:
-        chosen = [m for m in resolve(methods or [], all_methods) if not all_methods or m.kind == "train"]
-    except UnknownMethodError as exc:
-        fail_usage(str(exc))
-    if not chosen:
-        fail_usage(f"name at least one method, or --all; methods: {', '.join(TRAINING + INFERENCE)}")
-    chosen, given = options.apply(chosen, method_settings)
+    stack_first = None
+    if configs:
+        chosen, given, run_settings, world_size, stack_first, config_notes = from_configs(
+            configs, methods or [], method_settings, run_settings, world_size)
+    else:
+        try:
+            chosen = [m for m in resolve(methods or [], all_methods) if not all_methods or m.kind == "train"]
+        except UnknownMethodError as exc:
+            fail_usage(str(exc))
+        if not chosen:
+            fail_usage(f"name at least one method, or --all, or give --config; methods: "
+                       f"{', '.join(TRAINING + INFERENCE)}")
+        chosen, given = options.apply(chosen, method_settings)
+        config_notes = []
     settings = workload_settings(run_settings)
     target = find_gpu(gpu, device)
-    stack = read_stack(stack_text)
+    stack = read_stack(stack_text, stack_first)
     estimates = run_estimates(chosen, settings, device, world_size, stack, given)
+    for e in estimates:
+        e.notes[:0] = config_notes
     times = run_step_times(stacked_methods(chosen, given, stack, settings), settings, target, world_size) if target else {}
-
-    from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
+    from profkit.predict.estimate import (  # heavy: torch (see run_estimates)
+        at_peak,
+        frame,
+    )
 
     fitting = {e.method: e.on_gpu(target) for e in estimates} if target else {}
     if fmt is Format.json:
@@ -241,7 +288,11 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
             bases.setdefault(e.reserved()["basis"], []).append(e.method)
     if bases:
         from profkit.predict.estimate import (  # heavy: torch (see run_estimates)
-            DEVICE_BASIS, GROWING_BASIS, RESERVED_BASIS, reserved_ratios)
+            DEVICE_BASIS,
+            GROWING_BASIS,
+            RESERVED_BASIS,
+            reserved_ratios,
+        )
 
         ratios = ", ".join(f"{r:.2f}" for r in reserved_ratios())
         for basis, methods in bases.items():

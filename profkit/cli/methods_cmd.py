@@ -6,11 +6,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from profkit.configs.models import catalogue
 from profkit.core.methods import METHODS
+from profkit.core.stack import presets
 
 
-def methods(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON.")) -> None:
+def methods(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON."),
+            stacks: bool = typer.Option(False, "--stacks", help="The named stacks --stack takes instead."),
+            models: bool = typer.Option(False, "--models", help="The bundled model configurations --config's "
+                                        "model names are found in instead.")) -> None:
     """List the methods profkit can record, with their settings."""
+    if stacks or models:
+        rows = _stacks() if stacks else _models()
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        table = Table(title="named stacks (--stack NAME)" if stacks else "model configurations (catalogue)")
+        for column in rows[0] if rows else []:
+            table.add_column(column, no_wrap=column in ("name", "id"))
+        for row in rows:
+            table.add_row(*(str(v) for v in row.values()))
+        Console().print(table)
+        return
     if as_json:
         typer.echo(json.dumps([m.settings() for m in METHODS.values()], indent=2))
         return
@@ -37,3 +54,14 @@ def methods(as_json: bool = typer.Option(False, "--json", help="Print the regist
 
 def _sharding(m) -> str:
     return f"ZeRO-{m.zero_stage}" if m.zero_stage else "FSDP2" if m.fsdp else "-"
+
+
+def _stacks() -> list[dict]:
+    return [{"name": name, "parts": ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("what", "source")),
+             "what": e["what"]} for name, e in presets().items()]
+
+
+def _models() -> list[dict]:
+    return [{"id": key, "model_type": e["config"].get("model_type", "?"),
+             "layers": e["config"].get("num_hidden_layers", "?"), "licence": e.get("licence", "?")}
+            for key, e in catalogue().items()]

@@ -13,8 +13,15 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
 from profkit.cli.common import fail_usage, parse_budget
-from profkit.cli.estimate_cmd import (STACK_HELP, find_gpu, read_stack, run_estimates, run_step_times,
-                                     stacked_methods, workload_settings)
+from profkit.cli.estimate_cmd import (
+    STACK_HELP,
+    find_gpu,
+    from_configs,
+    read_stack,
+    run_step_times,
+    stacked_methods,
+    workload_settings,
+)
 from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
@@ -35,6 +42,9 @@ def recommend(
     gpu: Optional[str] = typer.Option(None, "--gpu", help=f"Rank methods without a run by their step time predicted "
                                                          f"on this GPU: {', '.join(gpus.GPUS)}."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help="Without runs: " + STACK_HELP),
+    configs: list[Path] = typer.Option(None, "--config", help="Without runs: your training config (see `profkit "
+                                       "estimate --help`): its model, sizes, settings and stack; every method is "
+                                       "ranked with the settings that apply to it.", show_default=False),
     run_settings: dict = None,
 ) -> None:
     """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
@@ -43,20 +53,47 @@ def recommend(
     budget_bytes = parse_budget(budget)
 
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
+    training = [m.name for m in METHODS.values() if m.kind == "train"]
+    candidates, given, first = [METHODS[n] for n in training], {}, None
+    if configs and measured.empty:
+        candidates, given, run_settings, _, first, _ = from_configs(configs, training, {}, run_settings, 1)
     settings, target, recorded = (_settings_of_runs(path) if not measured.empty
-                                  else (workload_settings(run_settings).resolved(), device, None))
-    stack = read_stack(stack_text, recorded)  # the runs' own stack first
-    missing = [m for m in METHODS.values() if m.kind == "train" and m.name not in set(measured.method)]
+                                  else (workload_settings(run_settings).resolved(), device, first))
+    stack = read_stack(stack_text, recorded)  # the runs' own stack first, or the config's
+    missing = [m for m in candidates if m.name not in set(measured.method)]
     target_gpu = find_gpu(gpu, target)
-    times = (run_step_times(stacked_methods(missing, {}, stack, settings), settings, target_gpu, 1)
-             if target_gpu is not None and missing else {})
-    estimated = ranking.from_estimates(run_estimates(missing, settings, target, 1, stack) if missing else [], times)
+    estimates, skipped = _estimable(missing, settings, target, stack, given)
+    kept = [m for m in missing if m.label in {e.method for e in estimates}]
+    times = (run_step_times(stacked_methods(kept, given, stack, settings), settings, target_gpu, 1)
+             if target_gpu is not None and kept else {})
+    estimated = ranking.from_estimates(estimates, times)
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
     if missing:  # what the estimates assumed; measured runs ran what they ran
         Console().print(f"stack: {stack.describe()}", highlight=False)
     _print(ranked, budget_bytes, settings, target, target_gpu.key if target_gpu else None)
+    by_reason: dict[str, list[str]] = {}
+    for refusal in skipped:  # "method: reason" (EstimateError's form), one line per reason
+        method, _, reason = refusal.partition(": ")
+        by_reason.setdefault(reason or method, []).append(method.split(" on ")[0])
+    for reason, methods in by_reason.items():
+        Console().print(f"[dim]not ranked ({escape(reason)}): {', '.join(methods)}[/]", highlight=False)
     if not ranked.fits.any():
         raise typer.Exit(Exit.FAILED)
+
+
+def _estimable(methods, settings: RunSettings, target: str, stack, given: dict):
+    """The estimates of the methods the estimator models with these settings, and why each other one is not."""
+    from profkit.predict.estimate import EstimateError, estimate_methods  # heavy: torch
+
+    if target not in ("cpu", "cuda"):
+        fail_usage(f"unknown device {target!r}; valid: cpu, cuda")
+    estimates, skipped = [], []
+    for method in methods:
+        try:
+            estimates += estimate_methods([method], settings, target, 1, stack, given)
+        except EstimateError as exc:
+            skipped.append(str(exc))
+    return estimates, skipped
 
 
 def _training_runs(path: Path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from profkit.core.methods import Method, get_method, with_overrides
+from profkit.core.methods import Method, with_overrides
 from profkit.core.stack import Stack
 from profkit.model.legacy_buffers import builds_tables
 
@@ -228,7 +228,6 @@ def stacked(methods: list[Method], given: dict, stack: Stack, config: dict) -> l
     for method in methods:
         derived = derive(stack, method, config, given=set(given))
         if derived.settings:  # named by the user's settings alone: the stack is named beside the estimate
-            method = replace(with_overrides(get_method(method.name), **given, **derived.settings),
-                             variant=method.variant)
+            method = replace(with_overrides(method, **derived.settings), variant=method.variant)
         out.append((method, derived.notes))
     return out
