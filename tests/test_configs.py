@@ -175,3 +175,17 @@ def test_the_catalogue_resolves_the_ids_configs_name():
         directory, found = resolve_model(name)
         assert "catalogue" in found or found == "Hugging Face cache", (name, found)
         assert json.loads((directory / "config.json").read_text())["model_type"]
+
+
+def test_torchtunes_recipe_is_read_from_the_launch_line_its_config_begins_with():
+    r = _read("torchtune/llama3_2-1b-full-single-device.yaml")
+    assert (r.method, r.world_size) == ("full", None)
+    r = _read("torchtune/llama3_1-70b-lora-distributed.yaml")  # "tune run --nproc_per_node 8 lora_finetune_distributed"
+    assert (r.method, r.world_size, r.stack["fsdp"]) == ("lora_fsdp_gc", 8, "fsdp2")
+
+
+def test_a_model_is_found_by_its_name_or_its_shapes_name_in_the_catalogue():
+    _, found = resolve_model("NousResearch/Llama-3.2-1B")
+    assert "matched by its name alone" in found
+    _, found = resolve_model("Qwen/Qwen3-4B-Instruct-2507")
+    assert "without its variant's words" in found

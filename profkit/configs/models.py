@@ -27,19 +27,36 @@ def catalogue() -> dict[str, dict]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+# Words a re-upload or a variant adds to a name without changing a tensor's shape (an instruct or chat tune, a
+# base, a dated refresh, a dtype, a format).
+VARIANT_WORDS = {"instruct", "base", "chat", "it", "hf", "sft", "fp16", "bf16", "2507", "2506", "2407", "2410",
+                 "2501", "checkpoints", "full"}
+
+
+def _shape_name(model_id: str) -> str:
+    """The name after the organisation, without the words of ``VARIANT_WORDS``: the shapes' name."""
+    words = model_id.strip().lower().rsplit("/", 1)[-1].split("-")
+    return "-".join(w for w in words if w not in VARIANT_WORDS)
+
+
 def _in_catalogue(name: str) -> tuple[str, dict, str] | None:
-    """The entry for ``name``: by its id or an alias; else by the name after the organisation alone, where one entry
-    has it (re-uploads keep the name: NousResearch/Llama-3.2-1B is meta-llama/Llama-3.2-1B), said as such."""
+    """The entry for ``name``: by its id or an alias; else by its name alone, or its name without the words of a
+    variant, where exactly one entry has it (re-uploads keep the name: NousResearch/Llama-3.2-1B is
+    meta-llama/Llama-3.2-1B; an instruct tune keeps its base's shapes), said as such."""
     wanted = name.strip().lower()
-    by_name = []
+    by_name, by_shape = [], []
     for key, entry in catalogue().items():
         ids = [n.lower() for n in (key, *entry.get("aliases", []))]
         if wanted in ids:
             return key, entry, ""
         if wanted.rsplit("/", 1)[-1] in (i.rsplit("/", 1)[-1] for i in ids):
             by_name.append((key, entry))
+        if _shape_name(wanted) in (_shape_name(i) for i in ids):
+            by_shape.append((key, entry))
     if len(by_name) == 1:
         return (*by_name[0], f"{name} matched by its name alone; ")
+    if len(by_shape) == 1:
+        return (*by_shape[0], f"{name} matched by its name without its variant's words; ")
     return None
 
 

@@ -5,6 +5,7 @@ shard with FSDP2 and reduce every micro-batch's gradients."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from profkit.configs.formats import common
 from profkit.configs.reading import Part, expect
@@ -81,8 +82,12 @@ def read(part: Part, data: dict) -> None:
     elif "rlhf" in loss or "DPO" in loss:
         part.note("loss._component_", f"{loss}: a preference loss; the reference model and the rejected sequences "
                                       "are not counted")
-    if "fsdp_cpu_offload" in data or "custom_sharded_layers" in data:  # the distributed recipes' own keys
-        part.set("sharding", "fsdp", "fsdp_cpu_offload")
+    recipe, processes = _recipe(part.path)
+    if recipe:
+        part.set("world_size", processes, f"(its header: tune run {recipe})")
+    if "distributed" in (recipe or "") or "fsdp_cpu_offload" in data or "custom_sharded_layers" in data:
+        # the distributed recipes shard with FSDP2: the recipe its header names, or their own keys
+        part.set("sharding", "fsdp", f"(tune run {recipe})" if recipe else "fsdp_cpu_offload")
         part.set("stack.fsdp", "fsdp2", "(torchtune's distributed recipes)")
         if expect(path, "fsdp_cpu_offload", data.get("fsdp_cpu_offload"), bool):
             part.set("settings.offload", "optimizer+params", "fsdp_cpu_offload")
@@ -94,6 +99,23 @@ def read(part: Part, data: dict) -> None:
                                 "tokenizer", "dtype", "optimizer", "loss", "fsdp_cpu_offload", "device",
                                 "metric_logger", "log_every_n_steps", "log_peak_memory_stats", "batch_size_val",
                                 "run_val_every_n_steps", "dataset", "dataset_val"}, NOTED)
+
+
+LAUNCH = re.compile(r"^#.*\btune run\b(?P<args>[^\n]*?)\s(?P<recipe>[a-z_]+(?:_distributed|_single_device|_low_memory)?)"
+                    r"\s+--config", re.M)
+
+
+def _recipe(path: str) -> tuple[str | None, int | None]:
+    """The recipe and process count a config's header names (torchtune's configs begin with the ``tune run``
+    command they are written for); the recipe, not the config, decides whether training is distributed."""
+    try:
+        found = LAUNCH.search(Path(path).read_text())
+    except (OSError, UnicodeDecodeError):
+        return None, None
+    if found is None:
+        return None, None
+    processes = re.search(r"--nproc_per_node\s+(\d+)", found.group("args"))
+    return found.group("recipe"), int(processes.group(1)) if processes else None
 
 
 def _model(part: Part, model: dict) -> None:
