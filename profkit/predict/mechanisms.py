@@ -71,6 +71,11 @@ KEEPS_PREVIOUS_LOGITS = ("litgpt", "llama-recipes-2023")
 CACHE_UNDER_OUTER_CHECKPOINTING = ("llama-recipes", "llama-recipes-2023")
 
 
+def _of(name: str) -> str:
+    """A loop's name as a possessive: litgpt's, llama-recipes'."""
+    return name + ("'" if name.endswith("s") else "'s")
+
+
 def experts(config: dict) -> int:
     return max(int(config.get(key) or 0) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
 
@@ -171,7 +176,7 @@ def _training(stack: Stack, method: Method, config: dict, given, out: Mechanisms
                 "Lightning run it")
     _attention(stack, given, out)
     if stack.loop in KEEPS_PREVIOUS_LOGITS and "keeps_previous_logits" not in given:
-        out.set("keeps_previous_logits", True, f"{stack.loop}'s loop keeps the previous step's logits, and the graph "
+        out.set("keeps_previous_logits", True, f"{_of(stack.loop)} loop keeps the previous step's logits, and the graph "
                 "behind them, until the next forward returns (--keeps-previous-logits)")
 
 
@@ -204,7 +209,7 @@ def _kv_cache_in_training(stack: Stack, method: Method, config: dict, given, out
     if "keeps_kv_cache" in given or not method.gradient_checkpointing:
         return  # without checkpointing attention saves those keys and values for backward anyway
     if stack.loop in CACHE_UNDER_OUTER_CHECKPOINTING:
-        out.set("keeps_kv_cache", True, f"{stack.loop}'s forward builds transformers' KV cache (checkpointing by "
+        out.set("keeps_kv_cache", True, f"{_of(stack.loop)} forward builds transformers' KV cache (checkpointing by "
                 "FSDP's wrapper, which transformers does not see) and its outputs hold it (--keeps-kv-cache)")
         return
     until = CACHE_UNDER_CHECKPOINTING.get(config.get("model_type", ""))
