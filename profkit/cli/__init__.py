@@ -7,16 +7,8 @@ import os
 
 import typer
 
-from profkit.cli import (
-    breakdown_cmd,
-    estimate_cmd,
-    methods_cmd,
-    recommend_cmd,
-    record_cmd,
-    report_cmd,
-    snapshot_cmd,
-    view_cmd,
-)
+from profkit.cli import (breakdown_cmd, estimate_cmd, methods_cmd, recommend_cmd, record_cmd, report_cmd,
+                         snapshot_cmd, view_cmd)
 
 app = typer.Typer(
     name="profkit",

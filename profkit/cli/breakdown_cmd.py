@@ -14,13 +14,7 @@ from profkit.analyze import Breakdown, ranks, views
 from profkit.analyze import breakdown as analyse
 from profkit.analyze.categories import TIME_CATEGORIES
 from profkit.analyze.glance import at_a_glance
-from profkit.cli.common import (
-    Format,
-    fail_usage,
-    labelled_chunks,
-    numbered_if_long,
-    parse_budget,
-)
+from profkit.cli.common import Format, fail_usage, labelled_chunks, numbered_if_long, parse_budget
 from profkit.core.exitcodes import Exit
 from profkit.core.units import human_bytes, human_seconds
 from profkit.report import findings, formats, tables

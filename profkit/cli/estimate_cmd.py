@@ -78,10 +78,7 @@ def read_stack(text: str | None, first=None):
 
 def stacked_methods(methods: list[Method], given: dict, stack, settings: RunSettings) -> list[Method]:
     """The methods with what ``stack`` calls for (see ``read_stack``); exits 2 where it is not modelled."""
-    from profkit.predict.mechanisms import (  # heavy: transformers
-        NotModelled,
-        stacked_run,
-    )
+    from profkit.predict.mechanisms import NotModelled, stacked_run  # heavy: transformers
 
     try:
         return [method for method, _ in stacked_run(methods, given, stack, settings)]
@@ -92,10 +89,7 @@ def stacked_methods(methods: list[Method], given: dict, stack, settings: RunSett
 def run_estimates(methods: list[Method], settings: RunSettings, device: str, world_size: int, stack=None,
                   given: dict | None = None):
     """The estimates, or exit 2 with the estimator's reason (a method or model it does not model)."""
-    from profkit.predict.estimate import (  # heavy: torch; other commands start without it
-        EstimateError,
-        estimate_methods,
-    )
+    from profkit.predict.estimate import EstimateError, estimate_methods  # heavy: torch; other commands start without it
 
     if device not in ("cpu", "cuda"):
         fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
@@ -148,10 +142,7 @@ def estimate(
     for e in estimates:
         e.notes[:0] = config_notes
     times = run_step_times(stacked_methods(chosen, given, stack, settings), settings, target, world_size) if target else {}
-    from profkit.predict.estimate import (  # heavy: torch (see run_estimates)
-        at_peak,
-        frame,
-    )
+    from profkit.predict.estimate import at_peak, frame  # heavy: torch (see run_estimates)
 
     fitting = {e.method: e.on_gpu(target) for e in estimates} if target else {}
     if fmt is Format.json:
@@ -288,11 +279,7 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
             bases.setdefault(e.reserved()["basis"], []).append(e.method)
     if bases:
         from profkit.predict.estimate import (  # heavy: torch (see run_estimates)
-            DEVICE_BASIS,
-            GROWING_BASIS,
-            RESERVED_BASIS,
-            reserved_ratios,
-        )
+            DEVICE_BASIS, GROWING_BASIS, RESERVED_BASIS, reserved_ratios)
 
         ratios = ", ".join(f"{r:.2f}" for r in reserved_ratios())
         for basis, methods in bases.items():

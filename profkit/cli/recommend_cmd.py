@@ -13,15 +13,8 @@ from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
 from profkit.cli.common import fail_usage, parse_budget
-from profkit.cli.estimate_cmd import (
-    STACK_HELP,
-    find_gpu,
-    from_configs,
-    read_stack,
-    run_step_times,
-    stacked_methods,
-    workload_settings,
-)
+from profkit.cli.estimate_cmd import (STACK_HELP, find_gpu, from_configs, read_stack, run_step_times,
+                                      stacked_methods, workload_settings)
 from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS

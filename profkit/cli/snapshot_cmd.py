@@ -56,9 +56,7 @@ def snapshot(
         for r in results:
             _print(out, r)
     if plot is not None:
-        from profkit.report.plots import (
-            snapshot_timeline,  # heavy: matplotlib, for --plot only
-        )
+        from profkit.report.plots import snapshot_timeline  # heavy: matplotlib, for --plot only
 
         for i, r in enumerate(results):
             target = plot if len(results) == 1 else plot.with_name(f"{plot.stem}-{i + 1}{plot.suffix}")

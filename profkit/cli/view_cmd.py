@@ -12,13 +12,7 @@ from rich.markup import escape
 from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli.common import fail_usage
-from profkit.report.viewer import (
-    CYCLES,
-    ViewError,
-    ViewerState,
-    find_view_runs,
-    make_server,
-)
+from profkit.report.viewer import CYCLES, ViewError, ViewerState, find_view_runs, make_server
 
 
 def view(
@@ -65,10 +59,7 @@ def view(
 
 
 def _tensorboard(path: Path, port: Optional[int]) -> None:
-    from profkit.report.tensorboard import (  # heavy: torch's TensorBoard writer
-        start_server,
-        write_scalars,
-    )
+    from profkit.report.tensorboard import start_server, write_scalars  # heavy: torch's TensorBoard writer
 
     if not path.is_dir():
         fail_usage(f"{path}: not a directory of runs")

@@ -59,9 +59,16 @@ def read(part: Part, data: dict) -> None:
     if devices * nodes > 1:
         part.set("sharding", "fsdp", "devices")
         part.set("stack.fsdp", "fsdp1", "(litgpt's FSDPStrategy)")
-    if isinstance(data.get("optimizer"), dict):
+    if four_bit:  # litgpt's finetune scripts replace the optimizer with bitsandbytes' PagedAdamW when quantizing
+        part.set("settings.optimizer", "paged-adamw-8bit", "quantize")
+        part.note("quantize", "litgpt steps a 4-bit run with bitsandbytes' PagedAdamW, whatever the config's "
+                              "optimizer (estimated as the 8-bit paged one: both keep their state outside PyTorch's "
+                              "allocator)")
+    elif isinstance(data.get("optimizer"), dict):
         common.optimizer(part, "optimizer.class_path", data["optimizer"].get("class_path"))
     elif data.get("optimizer"):
         common.optimizer(part, "optimizer", data["optimizer"])
+    else:
+        part.set("settings.optimizer", "adamw", "(litgpt's default, AdamW)")
     common.account(part, data, {"checkpoint_dir", "quantize", "lora_r", "lora_alpha", "lora_dropout", *LORA_LAYERS,
                                 "precision", "train", "devices", "num_nodes", "optimizer", "eval", "access_token"})

@@ -71,7 +71,7 @@ def estimate_training(method: Method, config, batch_size: int, seq_len: int, wor
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "engine": engine, "method": method.settings()}
     return Estimate(method.label, settings, instants, weights.counts, step.detail, step.notes,
-                    {k: int(v) for k, v in step.host.items() if v}, replayer)
+                    {k: int(v) for k, v in step.host.items() if v}, replayer=replayer)
 
 
 def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, target: Target, notes: list[str],
