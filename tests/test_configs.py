@@ -63,6 +63,11 @@ def test_litgpt_qlora_is_lightnings_4bit_in_pure_bf16():
     assert r.stack["loop"] == "litgpt"
 
 
+def test_litgpt_on_several_devices_shards_and_checkpoints_every_block():
+    r = _read("litgpt/gemma-2b-full.yaml")
+    assert (r.method, r.world_size, r.stack) == ("full_fsdp_gc", 4, {"loop": "litgpt", "fsdp": "fsdp1"})
+
+
 def test_a_trainer_config_with_accelerates_fsdp_and_a_deepspeed_file():
     r = _read("trl/zephyr-7b-mistral-sft-qlora.yaml", "accelerate/trl-fsdp1.yaml")
     assert r.method == "qlora_fsdp_gc" and r.world_size == 8 and r.stack == {"loop": "trainer", "fsdp": "fsdp1"}

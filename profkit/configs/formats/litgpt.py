@@ -56,9 +56,11 @@ def read(part: Part, data: dict) -> None:
     total = expect(path, "train.global_batch_size", train.get("global_batch_size"), int)
     if total and micro:
         part.set("settings.grad_accum", max(1, total // (micro * devices * nodes)), "train.global_batch_size")
-    if devices * nodes > 1:
+    if devices * nodes > 1:  # litgpt's finetune scripts: FSDPStrategy(auto_wrap_policy={Block},
+        # activation_checkpointing_policy={Block}): FSDP1 over the blocks, each block checkpointed
         part.set("sharding", "fsdp", "devices")
         part.set("stack.fsdp", "fsdp1", "(litgpt's FSDPStrategy)")
+        part.set("checkpointing", True, "(litgpt's FSDPStrategy checkpoints every Block)")
     if four_bit:  # litgpt's finetune scripts replace the optimizer with bitsandbytes' PagedAdamW when quantizing
         part.set("settings.optimizer", "paged-adamw-8bit", "quantize")
         part.note("quantize", "litgpt steps a 4-bit run with bitsandbytes' PagedAdamW, whatever the config's "
