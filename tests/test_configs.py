@@ -8,14 +8,19 @@ import csv
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from profkit.cli import app
 from profkit.configs import ConfigError, read_configs
 from profkit.configs.models import resolve_model
+from profkit.configs.plan import method_with_settings
 from profkit.core.methods import METHODS
 from profkit.core.presets import get_preset
+from profkit.core.stack import Stack
+from profkit.predict.mechanisms import stacked
+from profkit.predict.published import read_figure
 
 CORPUS = Path(__file__).parent / "data" / "configs"
 INDEX = list(csv.DictReader((CORPUS / "INDEX.csv").open()))
@@ -194,3 +199,33 @@ def test_a_model_is_found_by_its_name_or_its_shapes_name_in_the_catalogue():
     assert "matched by its name alone" in found
     _, found = resolve_model("Qwen/Qwen3-4B-Instruct-2507")
     assert "without its variant's words" in found
+
+
+FIELDS = ("adapter", "quantization", "double_quant", "gradient_checkpointing", "fsdp", "zero_stage", "lora_r",
+          "lora_alpha", "lora_targets", "precision", "optimizer", "loss", "kbit_upcast", "bnb_keeps_inputs",
+          "quantize_head", "keeps_previous_logits")
+
+
+def test_litgpts_published_configs_read_as_the_hand_set_columns_say():
+    """The config_hub YAMLs behind litgpt's published peaks (used split): read from the file, with the stack the
+    source states, the method is the one wide.csv's hand-set columns give, field by field (the file also knows
+    its dropout and accumulation, which the columns do not state)."""
+    data = Path(__file__).parent / "data" / "published"
+    models = json.loads((data / "models.json").read_text())
+    wide = pd.read_csv(data / "wide.csv", dtype=str, keep_default_na=False)
+    compared = 0
+    for index in csv.DictReader((CORPUS / "published-litgpt" / "INDEX.csv").open()):
+        row = wide.iloc[int(index["row"])]
+        figure = read_figure(row, models)
+        if index["split"] != "used" or figure.method is None:
+            continue
+        reading = read_configs([CORPUS / "published-litgpt" / index["file"]])
+        bnb = row["bitsandbytes"].split(" ")[0]
+        stack = Stack.installed().over(Stack.from_parts({"bitsandbytes": bnb} if bnb else {}, "source")).over(
+            Stack.from_parts(reading.stack, "config"))
+        [(method, _)] = stacked([method_with_settings(reading.method, dict(reading.settings), [])], reading.settings, stack,
+                                models[figure.model]["config"])
+        assert {f: getattr(method, f) for f in FIELDS} == {f: getattr(figure.method, f) for f in FIELDS}, index
+        assert (reading.batch_size, reading.seq_len) == (figure.batch_size, figure.seq_len)
+        compared += 1
+    assert compared >= 25, compared

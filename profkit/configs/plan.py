@@ -38,7 +38,7 @@ def plan(paths: list[Path], named: list[str], cli_settings: dict, cli_model: Pat
         if name in given and given[name] != value:
             notes.append(f"--{name.replace('_', '-')} {value} given: over the config's {given[name]}")
         given[name] = value
-    methods = [_method(name, given, notes) for name in (named or [reading.method])]
+    methods = [method_with_settings(name, given, notes) for name in (named or [reading.method])]
     model_path, model_from = None, ""
     if cli_model is not None:
         model_path = str(cli_model)
@@ -56,7 +56,7 @@ def plan(paths: list[Path], named: list[str], cli_settings: dict, cli_model: Pat
                       cli_seq or reading.seq_len, cli_world or reading.world_size, stack, notes)
 
 
-def _method(name: str, given: dict, notes: list[str]):
+def method_with_settings(name: str, given: dict, notes: list[str]):
     """The registry's method with every setting that applies to it; those that do not are named."""
     try:
         method = get_method(name)
