@@ -76,7 +76,7 @@ def main() -> None:
 
     def summary(part: pd.DataFrame, column: str) -> str:
         e = part[column].dropna().abs()
-        return f"median |error| {e.median():.1%}, p90 {e.quantile(0.9):.1%} ({len(part)} figures)"
+        return f"median |error| {e.median():.1%}, p90 {e.quantile(0.9):.1%} ({len(e)} of {len(part)} figures estimated)"
 
     lines = ["# Published peaks estimated from the config files that produced them", "",
              "Written by `analyses/estimate_from_configs.py`: litgpt's config_hub YAMLs at the commits that published "
