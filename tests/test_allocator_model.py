@@ -92,6 +92,30 @@ def test_the_replayed_step_allocates_what_the_estimate_counts(method, ranks, ove
     assert ("nccl" in device["outside_allocator"]) == (ranks > 1)
 
 
+def _canonical(events) -> list[tuple]:
+    """The calls with each handle named by the order in which it was first allocated."""
+    names: dict[int, int] = {}
+    return [(kind, names.setdefault(handle, len(names)), nbytes, stream) for kind, handle, nbytes, stream in events]
+
+
+@pytest.mark.parametrize("method, ranks, overrides", [
+    ("full", 1, {}), ("lora_gc", 1, {}), ("qlora", 1, {}), ("full_fsdp", 2, {}), ("qlora_fsdp_gc", 2, {}),
+    ("lora_fsdp", 2, {"offload": "optimizer+params"}), ("lora", 1, {"grad_accum": 4}),
+    ("lora", 1, {"optimizer": "sgd"})])
+def test_the_second_step_is_the_first_again_less_the_state_it_made(method, ranks, overrides):
+    """The steady step is not run on meta twice: the second step's calls are the first's less what it made to keep.
+    Held to a second step really run (lengths 64, 64, then 72 so that it is not skipped), call by call."""
+    e = estimate_run(with_overrides(get_method(method), **overrides), RunSettings(method=method, preset="micro"),
+                     "cuda", ranks)
+    ran = e.tracer((64, 64, 72))
+    repeated = e.tracer((64,)).repeated()
+    assert repeated.steps == ran.steps[:2]
+    assert _canonical(repeated.events) == _canonical(ran.events[:ran.steps[2]])
+    kept = len(ran.events[ran.steps[0]:ran.steps[1]]) - len(ran.events[ran.steps[1]:ran.steps[2]])
+    # AdamW's state, made at the first step, on the device unless offloaded; SGD without momentum keeps none
+    assert (kept > 0) == ("offload" not in overrides and overrides.get("optimizer") != "sgd")
+
+
 ARCHITECTURES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)[::12]  # a spread sample: a replay runs two whole steps
 
 

@@ -44,7 +44,7 @@ def counted_json(e) -> dict:
     """The estimate as --format json writes it, less the allocator replays behind reserved memory: the counts are
     what these tests read, and two replays of each of 24 methods on a 3B model take minutes (test_allocator_model
     holds the replays)."""
-    return json.loads(json.dumps(dataclasses.replace(e, replayer=None).to_json()))
+    return json.loads(json.dumps(dataclasses.replace(e, tracer=None).to_json()))
 
 
 def test_estimate_all_on_the_3b_preset_counts_exactly(estimates_3b):

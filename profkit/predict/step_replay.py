@@ -3,11 +3,12 @@
 The estimator's allocated peak is counted from what autograd saves (``predict.estimate``); what the caching
 allocator reserves beyond it depends on the order and sizes of every allocation of the step, temporaries
 included. Here the step itself runs on the meta device (no memory), under the same stand-ins for the target's
-kernels: each storage an op returns is an allocation, the end of that storage object its free, and the stream
-goes through ``predict.allocator.CachingAllocator``. Two steps run (``fixed_lengths``), so that the second finds
-the segments the first left cached, as a real run's steady state does, and the optimizer's state (made at the
-first step) sits where it lands; or steps of growing lengths (``growing_lengths``), for batches padded to their
-longest sample.
+kernels: each storage an op returns is an allocation, the end of that storage object its free. The calls are
+recorded once (``AllocationTrace``) and then go through ``predict.allocator.CachingAllocator``, unbounded or with
+a device's room. Two steps are replayed (``fixed_lengths``), so that the second finds the segments the first left
+cached, as a real run's steady state does, and the optimizer's state (made at the first step) sits where it lands;
+the second is the first's calls again less that state, not a second meta step. Or steps of growing lengths
+(``growing_lengths``), for batches padded to their longest sample.
 
 FSDP's step (``ShardedStep``) is the same compute with FSDP2's allocations around it: each rank's shards; a
 unit's gathered parameters (the all-gather's flat output on its own stream, FSDP keeping the latest until the
@@ -93,15 +94,77 @@ class ShardedStep:
 COMPUTE, ALL_GATHER, REDUCE_SCATTER = 0, 1, 2  # the streams FSDP allocates on
 
 
+MALLOC, FREE = 0, 1
+
+
+@dataclass(frozen=True)
+class AllocationTrace:
+    """Every allocation and free of replayed steps, in order: ``(MALLOC, handle, bytes, stream)`` or
+    ``(FREE, handle, 0, stream)``; ``steps``: where each step's events begin (what comes before the first is the
+    weights' loading). Recorded once with no bound on the device, then run through the allocator's policy with any
+    capacity (``through``): up to the request that finds no room, a bounded run makes exactly these calls."""
+
+    events: tuple[tuple[int, int, int, int], ...]
+    steps: tuple[int, ...]
+
+    def through(self, capacity: int | None = None) -> AllocatorReplay:
+        allocator = CachingAllocator(capacity)
+        try:
+            for kind, handle, nbytes, stream in self.events:
+                if kind == MALLOC:
+                    allocator.malloc(handle, nbytes, stream)
+                else:
+                    allocator.free(handle)
+        except OutOfMemory as exc:
+            return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments),
+                                   exc.requested)
+        return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments))
+
+    def repeated(self) -> AllocationTrace:
+        """The last step run once more, as the next step of the same lengths runs it: the same calls less what the
+        step made to keep (allocated in it and live at its end: the optimizer's state, made at its first step)."""
+        step = self.events[self.steps[-1]:]
+        made = {handle for kind, handle, _, _ in step if kind == MALLOC}
+        freed = {handle for kind, handle, _, _ in step if kind == FREE}
+        offset = 1 + max(handle for _, handle, _, _ in self.events)
+        again = tuple((kind, handle + offset, nbytes, stream) for kind, handle, nbytes, stream in step
+                      if handle in made and handle in freed)
+        return AllocationTrace(self.events + again, self.steps + (len(self.events),))
+
+
+class _Recorder:
+    """The allocator's interface, recording the calls (``AllocationTrace``) instead of placing blocks."""
+
+    def __init__(self):
+        self.events: list[tuple[int, int, int, int]] = []
+        self.steps: list[int] = []
+        self._live: dict[int, int] = {}  # handle -> stream
+
+    def malloc(self, handle: int, nbytes: int, stream: int = COMPUTE) -> None:
+        self._live[handle] = stream
+        self.events.append((MALLOC, handle, nbytes, stream))
+
+    def free(self, handle: int) -> None:
+        self.events.append((FREE, handle, 0, self._live.pop(handle)))
+
+    def live(self, handle: int) -> bool:
+        return handle in self._live
+
+    def step(self) -> None:
+        self.steps.append(len(self.events))
+
+    def trace(self) -> AllocationTrace:
+        return AllocationTrace(tuple(self.events), tuple(self.steps))
+
+
 class _AllocationStream(TorchDispatchMode):
     """Feeds ``allocator`` every storage an op returns that it has not seen, and frees it when the storage dies."""
 
-    def __init__(self, allocator: CachingAllocator):
+    def __init__(self, allocator: _Recorder):
         super().__init__()
         self.allocator = allocator
         self._handles = 0
         self._live: set[int] = set()
-        self.out_of_memory: OutOfMemory | None = None
 
     def allocate(self, storage: torch.UntypedStorage, nbytes: int | None = None) -> None:
         key = storage._cdata
@@ -110,11 +173,7 @@ class _AllocationStream(TorchDispatchMode):
         self._handles += 1
         handle = self._handles
         self._live.add(key)
-        try:
-            self.allocator.malloc(handle, storage.nbytes() if nbytes is None else nbytes)
-        except OutOfMemory as exc:
-            self.out_of_memory = exc  # autograd may re-raise it as another type on its way out of backward
-            raise
+        self.allocator.malloc(handle, storage.nbytes() if nbytes is None else nbytes)
         weakref.finalize(storage, self._free, key, handle)
 
     def _free(self, key: int, handle: int) -> None:
@@ -129,11 +188,7 @@ class _AllocationStream(TorchDispatchMode):
         """A block the target allocates outside the meta step (FSDP's buffers): its handle, for ``release``."""
         self._handles += 1
         if nbytes:
-            try:
-                self.allocator.malloc(self._handles, nbytes, stream)
-            except OutOfMemory as exc:
-                self.out_of_memory = exc
-                raise
+            self.allocator.malloc(self._handles, nbytes, stream)
         return self._handles
 
     def release(self, handle: int) -> None:
@@ -270,35 +325,29 @@ def _optimizer(method: Method, parameters: list, target: Target):
     return None
 
 
-def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: set[str], method: Method,
-                batch_size: int, lengths: tuple[int, ...], target: Target, autocast: torch.dtype | None,
-                compute_dtype: torch.dtype, sharding: ShardedStep | None = None,
-                capacity: int | None = None) -> AllocatorReplay:
-    """Training steps of ``model`` (a meta model), one per sequence length in ``lengths``, with ``method``'s
-    checkpointing, loss, gradient accumulation and optimizer;
-    ``static_sizes``: each weight and buffer with the bytes it holds on the target (4-bit weights packed), in the
-    order they are loaded; ``sharding``: FSDP's allocations on one rank, in place of the whole weights and the
-    optimizer's step on them; ``capacity``: what the device gives the allocator, past which it releases its cache
-    and then fails (the replay stops there, ``failed_request``)."""
-    allocator = CachingAllocator(capacity)
-    stream = _AllocationStream(allocator)
+def trace_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: set[str], method: Method,
+               batch_size: int, lengths: tuple[int, ...], target: Target, autocast: torch.dtype | None,
+               compute_dtype: torch.dtype, sharding: ShardedStep | None = None) -> AllocationTrace:
+    """The allocations of training steps of ``model`` (a meta model), one per sequence length in ``lengths``, with
+    ``method``'s checkpointing, loss, gradient accumulation and optimizer; ``static_sizes``: each weight and buffer
+    with the bytes it holds on the target (4-bit weights packed), in the order they are loaded; ``sharding``:
+    FSDP's allocations on one rank, in place of the whole weights and the optimizer's step on them. A step that
+    repeats the one before it (``fixed_lengths``) is not run again: ``AllocationTrace.repeated``."""
+    recorder = _Recorder()
+    stream = _AllocationStream(recorder)
     trainable = [p for p in model.parameters() if p.requires_grad]
     sharded = None
-    try:
-        if sharding is None:
-            for tensor, nbytes in static_sizes:
-                stream.allocate(tensor.untyped_storage(), nbytes)
-            optimizer = _optimizer(method, trainable, target)
-        else:
-            for tensor, _ in static_sizes:
-                stream.ignore(tensor.untyped_storage())
-            for nbytes in sharding.shards:
-                stream.hold(nbytes)
-            optimizer = None
-            sharded = _ShardedAllocations(stream, model, sharding)
-    except OutOfMemory as exc:  # the weights alone do not fit
-        return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments),
-                               exc.requested)
+    if sharding is None:
+        for tensor, nbytes in static_sizes:
+            stream.allocate(tensor.untyped_storage(), nbytes)
+        optimizer = _optimizer(method, trainable, target)
+    else:
+        for tensor, _ in static_sizes:
+            stream.ignore(tensor.untyped_storage())
+        for nbytes in sharding.shards:
+            stream.hold(nbytes)
+        optimizer = None
+        sharded = _ShardedAllocations(stream, model, sharding)
     hooks = _dequantizing(model, quantized, compute_dtype) + (sharded.handles if sharded else [])
     if method.gradient_checkpointing:
         # Non-reentrant, with the stand-ins active while a layer is recomputed in backward (they are a mode of
@@ -306,12 +355,17 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={
             "use_reentrant": False,
             "context_fn": lambda: (contextlib.nullcontext(), TargetDevice(target, autocast))})
+    repeats = 0
     try:
         with library_output(), stream, contiguous_batches():
             # Under gradient accumulation the second micro-batch runs beside the first's gradients, as every later
             # one does: two are the step's allocations.
             micro_batches = min(method.grad_accum, 2)
-            for seq_len in lengths:
+            for i, seq_len in enumerate(lengths):
+                if i and all(n == lengths[i - 1] for n in lengths[i:]):
+                    repeats = len(lengths) - i
+                    break
+                recorder.step()
                 for micro in range(micro_batches):
                     batch = torch.zeros(batch_size, seq_len, dtype=torch.long, device="meta")
                     if sharded:
@@ -334,9 +388,6 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
                     optimizer.step()
                 for p in trainable:
                     p.grad = None
-    except Exception:
-        if stream.out_of_memory is None:
-            raise
     finally:
         for h in hooks:
             h.remove()
@@ -344,5 +395,7 @@ def replay_step(model, static_sizes: list[tuple[torch.Tensor, int]], quantized: 
             p.grad = None
         if method.gradient_checkpointing:
             model.activation_checkpointing_disable()
-    failed = stream.out_of_memory.requested if stream.out_of_memory is not None else None
-    return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments), failed)
+    trace = recorder.trace()
+    for _ in range(repeats):
+        trace = trace.repeated()
+    return trace

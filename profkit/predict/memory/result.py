@@ -12,7 +12,7 @@ import pandas as pd
 
 from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
-from profkit.predict.step_replay import AllocatorReplay, fixed_lengths, growing_lengths
+from profkit.predict.step_replay import AllocationTrace, AllocatorReplay, fixed_lengths, growing_lengths
 
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
@@ -32,18 +32,27 @@ class Estimate:
     notes: list[str] = field(default_factory=list)
     host: dict[str, int] = field(default_factory=dict)  # offloaded to pinned host memory, by category, bytes
     stack: dict = field(default_factory=dict)  # the stack assumed (core.stack.Stack.to_json): part -> value, from
-    # Steps of the given lengths replayed through the caching allocator's policy, run when reserved memory is first
-    # asked for (whole steps on meta, several times the estimate's own forward); None where it is not replayed.
-    replayer: Callable[..., AllocatorReplay | None] | None = field(default=None, repr=False, compare=False)
+    # The allocations of steps of the given lengths (``predict.step_replay.AllocationTrace``), recorded when reserved
+    # memory is first asked for (whole steps on meta, several times the estimate's own forward); None where the step
+    # is not replayed.
+    tracer: Callable[[tuple[int, ...]], AllocationTrace | None] | None = field(default=None, repr=False,
+                                                                           compare=False)
     _on_device: dict = field(default_factory=dict, repr=False, compare=False)  # capacity -> its replay
 
     @functools.cached_property
+    def trace(self) -> AllocationTrace | None:
+        return self.tracer(fixed_lengths(self.settings["seq_len"])) if self.tracer is not None else None
+
+    @functools.cached_property
     def replay(self) -> AllocatorReplay | None:
-        return self.replayer(fixed_lengths(self.settings["seq_len"])) if self.replayer is not None else None
+        return self.trace.through() if self.trace is not None else None
 
     @functools.cached_property
     def growing_replay(self) -> AllocatorReplay | None:
-        return self.replayer(growing_lengths(self.settings["seq_len"])) if self.replay is not None else None
+        if self.replay is None:
+            return None
+        trace = self.tracer(growing_lengths(self.settings["seq_len"]))
+        return trace.through() if trace is not None else None
 
     @property
     def peak_instant(self) -> str:
@@ -90,9 +99,7 @@ class Estimate:
         capacity = device_bytes - sum(outside.values())
         replay = self._on_device.get(capacity)
         if replay is None:
-            replay = self._on_device[capacity] = self.replayer(fixed_lengths(self.settings["seq_len"]), capacity)
-        if replay is None:
-            return None
+            replay = self._on_device[capacity] = self.trace.through(capacity)
         fits = replay.failed_request is None and self.peak_bytes <= capacity
         return {"device_bytes": device_bytes, "capacity_bytes": capacity, "fits": fits,
                 "reserved_bytes": min(self.peak_bytes + replay.overhead, capacity),

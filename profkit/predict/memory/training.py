@@ -21,7 +21,7 @@ from profkit.predict.memory.result import CATEGORIES, Estimate, EstimateError
 from profkit.predict.memory.stack_effects import stack_effects
 from profkit.predict.memory.zero import zero
 from profkit.predict.stand_ins import Target
-from profkit.predict.step_replay import AllocatorReplay, ShardedStep, replay_step
+from profkit.predict.step_replay import AllocationTrace, ShardedStep, trace_step
 
 
 def estimate_training(method: Method, config, batch_size: int, seq_len: int, world_size: int, target: Target,
@@ -64,28 +64,27 @@ def estimate_training(method: Method, config, batch_size: int, seq_len: int, wor
     if method.grad_accum > 1:
         step = combine([step, accumulation(method, optimizer.accumulated, sharded)])
     instants = {name: {c: int(v.get(c, 0)) for c in CATEGORIES} for name, v in step.instants.items()}
-    replayer = None
+    tracer = None
     if target == "cuda" and not method.zero_stage:
-        replayer = functools.partial(_replay, model, quantized, method, plan, batch_size, target, step.notes,
+        tracer = functools.partial(_trace, model, quantized, method, plan, batch_size, target, step.notes,
                                      sharded.step if sharded else None)
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "engine": engine, "method": method.settings()}
     return Estimate(method.label, settings, instants, weights.counts, step.detail, step.notes,
-                    {k: int(v) for k, v in step.host.items() if v}, replayer=replayer)
+                    {k: int(v) for k, v in step.host.items() if v}, tracer=tracer)
 
 
-def _replay(model, quantized: set[str], method: Method, plan, batch_size: int, target: Target, notes: list[str],
-            sharding: ShardedStep | None, lengths: tuple[int, ...], capacity: int | None = None
-            ) -> AllocatorReplay | None:
-    """The step replayed through the caching allocator's policy (``predict.step_replay``), or None, with the
-    reason in ``notes``, where an op of the model has no meta kernel for its backward."""
+def _trace(model, quantized: set[str], method: Method, plan, batch_size: int, target: Target, notes: list[str],
+           sharding: ShardedStep | None, lengths: tuple[int, ...]) -> AllocationTrace | None:
+    """The step's allocations, to replay through the caching allocator's policy (``predict.step_replay``), or None,
+    with the reason in ``notes``, where an op of the model has no meta kernel for its backward."""
     double_quant = method.double_quant and bool(quantized)
     sizes = [(t, nf4_bytes(tuple(t.shape), double_quant) if n in quantized else t.untyped_storage().nbytes())
              for n, t in [*model.named_parameters(), *model.named_buffers()]]
     compute = plan.quantization.bnb_4bit_compute_dtype if plan.quantization is not None else torch.bfloat16
     try:
-        return replay_step(model, sizes, quantized, method, batch_size, lengths, target, plan.autocast, compute,
-                           sharding, capacity)
+        return trace_step(model, sizes, quantized, method, batch_size, lengths, target, plan.autocast, compute,
+                          sharding)
     except (RuntimeError, NotImplementedError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         notes.append(f"reserved memory from the measured reserved/allocated ratio: the step could not be replayed "
