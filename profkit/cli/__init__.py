@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from profkit.cli import (breakdown_cmd, estimate_cmd, methods_cmd, recommend_cmd, record_cmd, report_cmd,
+from profkit.cli import (breakdown_cmd, estimate_cmd, fit_cmd, methods_cmd, recommend_cmd, record_cmd, report_cmd,
                          snapshot_cmd, view_cmd)
 
 app = typer.Typer(
@@ -30,7 +30,7 @@ def summary_line(doc: str | None) -> str:
 
 COMMANDS = (("methods", methods_cmd.methods, None), ("record", record_cmd.record, record_cmd.EPILOG),
             ("breakdown", breakdown_cmd.breakdown, breakdown_cmd.EPILOG),
-            ("estimate", estimate_cmd.estimate, estimate_cmd.EPILOG),
+            ("estimate", estimate_cmd.estimate, estimate_cmd.EPILOG), ("fit", fit_cmd.fit, fit_cmd.EPILOG),
             ("recommend", recommend_cmd.recommend, recommend_cmd.EPILOG),
             ("snapshot", snapshot_cmd.snapshot, snapshot_cmd.EPILOG),
             ("report", report_cmd.report, None), ("view", view_cmd.view, None))

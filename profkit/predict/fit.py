@@ -1,0 +1,310 @@
+"""What fits a device: the largest micro-batch at a sequence length and the longest sequence at a batch, per method.
+
+A step's allocations do not change their order or number with the batch or the sequence length, only their sizes,
+and each size is a product of the tensor's dimensions: linear in the batch (one batch dimension; from two rows up,
+as a single row is sometimes a view where more need a copy) and at most quadratic in the sequence length (attention
+scores are sequence x sequence). So the search estimates a few sample points in full (``predict.estimate``: the
+accounted instants and the step's allocations, ``step_replay.AllocationTrace``), checks that they share one
+structure, and interpolates every allocation and every category exactly (integer results or not at all); each
+point of the search is then the interpolated step through the caching allocator's policy with the device's room,
+never the model traced again. The answer and one step past it are then estimated in full: where either differs
+from what the search saw (the accounting takes the larger of two parts, and the other grows faster beyond the
+samples), the search runs again from samples at that point. Where the samples disagree in structure, an
+interpolated size is not a whole byte count (a loss chunked by the length, say), or the second try misses too,
+the search estimates each point it visits in full instead, and says so.
+
+A setting fits when the step replayed with the room the allocator has (the device less the CUDA context, NCCL's
+buffers on several ranks and the margin) finds room for every request and the allocated peak is within it; where
+the step is not replayed (ZeRO, a model whose backward has no meta kernel), when what nvidia-smi would show
+(reserved at the measured ratio, plus what lies outside the allocator) is within the device less the margin; on the
+CPU, when the allocated peak is within the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+
+from profkit.core.methods import Method
+from profkit.core.settings import RunSettings
+from profkit.model.build import model_config
+from profkit.predict.estimate import estimate_methods
+from profkit.predict.mechanisms import stacked_run
+from profkit.predict.memory.result import Estimate, EstimateError
+from profkit.predict.step_replay import MALLOC, AllocationTrace, fixed_lengths
+from profkit.predict.step_time import predict_run
+
+__all__ = ["BATCH", "SEQUENCE", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling", "boundary",
+           "fit_methods", "sequence_limit"]
+
+BATCH, SEQUENCE = "batch_size", "seq_len"
+DEGREE = {BATCH: 1, SEQUENCE: 2}  # of each size as a polynomial in the dimension
+LIMIT = {BATCH: 1 << 16, SEQUENCE: 1 << 21}  # where the search stops looking, when nothing else bounds it
+STEP = {BATCH: 1, SEQUENCE: 8}  # the search's resolution: sequences in multiples of 8 tokens
+
+
+class NotScalable(Exception):
+    """The sample points do not share one structure, or a size is not a polynomial of the dimension's degree."""
+
+
+@dataclass
+class Device:
+    """The memory a step may take: ``device_bytes`` (a GPU's or a budget) less ``margin`` of it."""
+
+    device_bytes: int
+    margin: float = 0.05
+    name: str = ""
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.device_bytes * (1 - self.margin))
+
+    def check(self, e: Estimate) -> dict:
+        """Whether ``e`` fits, with its peaks and what holds the memory at its peak."""
+        row = {"peak_bytes": e.peak_bytes, "at_peak": e.at_peak(), "peak_instant": e.peak_instant}
+        if e.settings.get("device") != "cuda":
+            return {**row, "basis": "allocated peak", "fits": e.peak_bytes <= self.usable_bytes,
+                    "reserved_bytes": None, "device_used_bytes": None, "failed_request_bytes": None}
+        used = e.device_used()
+        outside = sum(used["outside_allocator"].values())
+        replayed = e.on_device(self.usable_bytes) if e.trace is not None else None
+        if replayed is not None:
+            return {**row, "basis": "replay", "fits": replayed["fits"], "reserved_bytes": replayed["reserved_bytes"],
+                    "device_used_bytes": replayed["reserved_bytes"] + outside,
+                    "failed_request_bytes": replayed["failed_request_bytes"]}
+        return {**row, "basis": "ratio", "fits": used["bytes"] <= self.usable_bytes,
+                "reserved_bytes": e.reserved()["bytes"], "device_used_bytes": used["bytes"],
+                "failed_request_bytes": None}
+
+
+def _interpolate(xs: list[int], ys: list[int], x: int) -> int:
+    """The polynomial through ``(xs, ys)`` at ``x``, exactly; ``NotScalable`` where it is not a whole number."""
+    total = Fraction(0)
+    for i, (xi, yi) in enumerate(zip(xs, ys)):
+        term = Fraction(yi)
+        for j, xj in enumerate(xs):
+            if j != i:
+                term *= Fraction(x - xj, xi - xj)
+        total += term
+    if total.denominator != 1:
+        raise NotScalable(f"a size is not a polynomial of degree {len(xs) - 1}")
+    return int(total)
+
+
+def _canonical(events) -> list[tuple[int, int, int, int]]:
+    names: dict[int, int] = {}
+    return [(kind, names.setdefault(handle, len(names)), nbytes, stream) for kind, handle, nbytes, stream in events]
+
+
+@dataclass
+class Scaling:
+    """One method's estimate as a function of one dimension, from full estimates at sample points."""
+
+    dimension: str
+    samples: dict[int, Estimate]
+    _traces: dict[int, list] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        xs = sorted(self.samples)
+        first = self.samples[xs[0]]
+        if any(set(e.instants) != set(first.instants) for e in self.samples.values()):
+            raise NotScalable("the instants of the step differ between sample points")
+        # The steady step's first step: the sample's own trace, which its check replays too
+        traces = {x: e.trace and AllocationTrace(e.trace.events[:e.trace.steps[1]], e.trace.steps[:1])
+                  for x, e in self.samples.items()}
+        if any((t is None) != (traces[xs[0]] is None) for t in traces.values()):
+            raise NotScalable("the step is replayed at some sample points only")
+        if traces[xs[0]] is not None:
+            self._traces = {x: _canonical(t.events) for x, t in traces.items()}
+            shape = [(k, h, s) for k, h, _, s in self._traces[xs[0]]]
+            if any([(k, h, s) for k, h, _, s in t] != shape for t in self._traces.values()):
+                raise NotScalable("the step's allocations differ in order or number between sample points")
+            self._steps = traces[xs[0]].steps
+
+    def _at(self, values: list[int], x: int) -> int:
+        return _interpolate(sorted(self.samples), values, x)
+
+    def estimate(self, x: int) -> Estimate:
+        """The estimate at ``x``: instants and, where replayed, the step's allocations, interpolated."""
+        xs = sorted(self.samples)
+        if x in self.samples:
+            return self.samples[x]
+        first = self.samples[xs[0]]
+        instants = {i: {c: self._at([self.samples[s].instants[i][c] for s in xs], x) for c in cats}
+                    for i, cats in first.instants.items()}
+        tracer: Callable | None = None
+        if self._traces:
+            events = tuple((kind, handle, self._at([self._traces[s][n][2] for s in xs], x) if kind == MALLOC else 0,
+                            stream) for n, (kind, handle, _, stream) in enumerate(self._traces[xs[0]]))
+            if any(e[2] < 0 for e in events):
+                raise NotScalable("an interpolated allocation is negative")
+            one_step = AllocationTrace(events, self._steps)
+            seq = x if self.dimension == SEQUENCE else first.settings["seq_len"]
+
+            def tracer(lengths, one_step=one_step, seq=seq):
+                return one_step.repeated() if tuple(lengths) == fixed_lengths(seq) else None
+        settings = {**first.settings, self.dimension: x}
+        return replace(first, settings=settings, instants=instants, detail=self._parts("detail", x),
+                       host=self._parts("host", x), notes=list(first.notes), tracer=tracer, _on_device={})
+
+    def _parts(self, name: str, x: int) -> dict[str, int]:
+        """A dict of byte counts (``detail``, ``host``) at ``x``; the parts every sample names."""
+        values = [getattr(self.samples[s], name) for s in sorted(self.samples)]
+        return {k: self._at([v[k] for v in values], x) for k in values[0] if all(k in v for v in values)}
+
+
+@dataclass
+class Boundary:
+    """The largest value of ``dimension`` that fits (None: not even the smallest) and the checks at it and one step
+    past it; ``searched``: "interpolated" or "estimated at each point" (and why)."""
+
+    method: str
+    dimension: str
+    fixed: int  # the other dimension's value
+    largest: int | None
+    at: dict | None  # Device.check at the largest
+    past: dict | None  # Device.check one step past it (None: the search's limit)
+    searched: str
+    limit: int
+    points: int  # settings checked
+
+
+def _bisect(fits: Callable[[int], bool], low: int, high: int, step: int) -> int:
+    """The largest multiple of ``step`` in [low, high] where ``fits`` holds, given it holds at ``low`` and not at
+    ``high`` (monotone)."""
+    while high - low > step:
+        mid = low + (high - low) // (2 * step) * step
+        if fits(mid):
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def boundary(method: Method, dimension: str, settings: RunSettings, device: Device,
+             estimate: Callable[[RunSettings], Estimate], limit: int | None = None) -> Boundary:
+    """The largest ``dimension`` (batch or sequence) that fits ``device``, the other held at ``settings``' value.
+    ``estimate``: a full estimate of one setting (the method, stack and target fixed by the caller)."""
+    step = STEP[dimension]
+    other = SEQUENCE if dimension == BATCH else BATCH
+    limit = limit or LIMIT[dimension]
+    full: dict[int, Estimate] = {}
+
+    def full_estimate(x: int) -> Estimate:
+        if x not in full:
+            full[x] = estimate(replace(settings, **{dimension: x}))
+        return full[x]
+
+    smallest = 1 if dimension == BATCH else step
+    fixed = getattr(settings, other)
+
+    def scaled_from(samples: list[int]) -> Scaling | None:
+        try:
+            return Scaling(dimension, {x: full_estimate(x) for x in samples})
+        except NotScalable:
+            return None
+
+    def search(scaling: Scaling | None, searched: str) -> Boundary:
+        checked: dict[int, dict] = {}
+
+        def check(x: int) -> dict:
+            if x not in checked:
+                estimate_at = None
+                if scaling is not None and (dimension == SEQUENCE or x >= 2):
+                    try:
+                        estimate_at = scaling.estimate(x)
+                    except NotScalable:
+                        pass
+                checked[x] = device.check(estimate_at or full_estimate(x))
+            return checked[x]
+
+        def fits(x: int) -> bool:
+            return check(x)["fits"]
+
+        if not fits(smallest):
+            return Boundary(method.label, dimension, fixed, None, None, check(smallest), searched, limit, len(checked))
+        low, high = smallest, smallest
+        while fits(high):  # doubling, then bisection between the last that fits and the first that does not
+            low = high
+            if high >= limit:
+                return Boundary(method.label, dimension, fixed, low, check(low), None, searched, limit, len(checked))
+            high = min(limit, high * 2 if high >= step else step)
+        largest = _bisect(fits, low, high, step)
+        return Boundary(method.label, dimension, fixed, largest, check(largest), check(largest + step), searched,
+                        limit, len(checked))
+
+    def missed(found: Boundary) -> int | None:
+        """Where the interpolated check differs from the full estimate, at the answer or one step past it."""
+        for x, seen in ((found.largest, found.at),
+                        (smallest if found.largest is None else found.largest + step, found.past)):
+            if x is None or seen is None:
+                continue
+            truth = device.check(full_estimate(x))
+            if (truth["fits"], truth["peak_bytes"], truth["reserved_bytes"]) != \
+                    (seen["fits"], seen["peak_bytes"], seen["reserved_bytes"]):
+                return x
+        return None
+
+    # Sample points: batches from 2 (see the module's docstring), sequences up to the user's length; then, where
+    # the answer or one step past it disagrees with its full estimate (the accounting takes the larger of two
+    # parts, and the other one grows faster past the samples), points at that answer.
+    top = getattr(settings, dimension) // step * step if dimension == SEQUENCE else 3
+    tries, why = [], ""
+    for _ in range(2):
+        lowest = 2 if dimension == BATCH else step
+        samples = sorted(x for x in {top - k * step for k in range(DEGREE[dimension] + 1)} if x >= lowest)
+        if len(samples) < DEGREE[dimension] + 1 or samples[-1] > limit:
+            why = "too few sample points below the limit"
+            break
+        scaling = scaled_from(samples)
+        if scaling is None:
+            why = "the sample points' allocations differ in structure"
+            break
+        tries.append(samples)
+        found = search(scaling, "interpolated from full estimates at " + ", ".join(map(str, samples)))
+        x = missed(found)
+        if x is None:
+            return found
+        why = f"the interpolation missed the full estimate at {x}"
+        top = max(x, 3 if dimension == BATCH else (DEGREE[dimension] + 1) * step)
+    return search(None, f"estimated at each point ({why})")
+
+
+def sequence_limit(config) -> int:
+    """The longest sequence the model's configuration allows (``max_position_embeddings``), or the search's limit."""
+    value = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(value) if value else LIMIT[SEQUENCE]
+
+
+
+def fit_methods(methods: list[Method], settings: RunSettings, device: Device, target: str, world_size: int = 1,
+                stack=None, given: dict | None = None, gpu=None,
+                progress: Callable[[str], None] = lambda _: None) -> list[dict]:
+    """Per method: the largest batch at ``settings``' sequence length and the longest sequence at its batch, each
+    with the checks at the boundary and one step past it; with a ``gpu``, the step time predicted at the largest
+    batch. A method the estimator does not model is kept with its reason (``refused``)."""
+    settings = settings.resolved()
+    limit = sequence_limit(model_config(settings))
+    rows = []
+    for method in methods:
+        def one(s: RunSettings, method=method) -> Estimate:
+            [e] = estimate_methods([method], s, target, world_size, stack, given)
+            return e
+
+        row = {"method": method.label, "seq_len": settings.seq_len, "batch_size": settings.batch_size}
+        try:
+            progress(f"{method.label}: the largest batch at {settings.seq_len} tokens")
+            row["batch"] = boundary(method, BATCH, settings, device, one)
+            progress(f"{method.label}: the longest sequence at batch {settings.batch_size}")
+            row["sequence"] = boundary(method, SEQUENCE, settings, device, one,
+                                       limit=limit // STEP[SEQUENCE] * STEP[SEQUENCE])
+        except EstimateError as exc:
+            rows.append({**row, "refused": str(exc)})
+            continue
+        if gpu is not None and row["batch"].largest:
+            stacked = next(m for m, _ in stacked_run([method], given or {}, stack, settings)) if stack else method
+            row["step_time"] = predict_run(stacked, replace(settings, batch_size=row["batch"].largest), gpu,
+                                           world_size)
+        rows.append(row)
+    return rows

@@ -1,0 +1,106 @@
+"""``profkit fit``: the largest batch and the longest sequence that fit a device. The search scales a few full
+estimates instead of tracing the model at every point; here each boundary it finds is held to the full estimate
+(the model traced at that very setting) at the boundary and one step past it, on every training method."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from profkit.core.methods import METHODS, get_method
+from profkit.core.settings import RunSettings
+from profkit.model.build import model_config
+from profkit.predict.estimate import estimate_run
+from profkit.predict.fit import (BATCH, SEQUENCE, STEP, Device, NotScalable, Scaling, _interpolate, boundary,
+                                 sequence_limit)
+from tests.conftest import invoke
+
+TRAINING = [name for name, m in METHODS.items() if m.kind == "train"]
+
+
+def _search(preset: str, name: str, dimension: str):
+    method = get_method(name)
+    ranks = 2 if method.sharded else 1
+    settings = RunSettings(method=name, preset=preset).resolved()
+
+    def full(s):
+        return estimate_run(method, s, "cuda", ranks)
+
+    first = full(settings)
+    outside = sum(first.device_used()["outside_allocator"].values())
+    # A device with room for a few times the preset's own step: the boundary lands well inside the search.
+    device = Device(int((outside + 4 * first.reserved()["bytes"]) / 0.95), 0.05)
+    limit = sequence_limit(model_config(settings)) if dimension == SEQUENCE else None
+    return boundary(method, dimension, settings, device, full, limit), device, full, settings
+
+
+# Along the sequence, every method in `make test-all`; here one of each kind of step (ZeRO's estimate is not
+# replayed, FSDP's accounting takes the larger of two parts and so needs the second try).
+SEQUENCE_HERE = {"lora", "qlora_gc", "full", "lora_zero3", "full_fsdp", "qlora_fsdp_gc"}
+CASES = [pytest.param(name, dimension, marks=[] if dimension == BATCH or name in SEQUENCE_HERE else [pytest.mark.long])
+         for dimension in (BATCH, SEQUENCE) for name in TRAINING]
+
+
+@pytest.mark.parametrize("name, dimension", CASES)
+def test_each_boundary_is_where_the_full_estimate_stops_fitting(name, dimension):
+    found, device, full, settings = _search("micro", name, dimension)
+    assert found.searched.startswith("interpolated"), found.searched
+    assert found.largest is not None and found.largest > 1
+    at = device.check(full(replace(settings, **{dimension: found.largest})))
+    assert at["fits"]
+    # What the search checked at the boundary is what the full estimate gives there, byte for byte.
+    assert (found.at["peak_bytes"], found.at["reserved_bytes"]) == (at["peak_bytes"], at["reserved_bytes"])
+    if found.past is None:  # fits up to the model's longest sequence
+        assert dimension == SEQUENCE and found.largest == found.limit
+        return
+    past = device.check(full(replace(settings, **{dimension: found.largest + STEP[dimension]})))
+    assert not past["fits"]
+    assert (found.past["peak_bytes"], found.past["reserved_bytes"]) == (past["peak_bytes"], past["reserved_bytes"])
+
+
+@pytest.mark.parametrize("name", ["lora_gc", "qlora", "full_fsdp_gc"])
+def test_on_a_larger_preset_too(name):
+    found, device, full, settings = _search("tiny", name, BATCH)
+    assert found.searched.startswith("interpolated") and found.past is not None
+    assert device.check(full(replace(settings, batch_size=found.largest)))["fits"]
+    assert not device.check(full(replace(settings, batch_size=found.largest + 1)))["fits"]
+
+
+def test_a_single_row_is_no_sample_point_and_a_fraction_is_no_size():
+    """At batch 1 some tensors are views that need a copy from two rows up: samples of different structure are
+    refused, never interpolated; so is a size that is not a whole number of bytes."""
+    method = get_method("lora")
+    settings = RunSettings(method="lora", preset="micro").resolved()
+    with pytest.raises(NotScalable, match="order or number"):
+        Scaling(BATCH, {b: estimate_run(method, replace(settings, batch_size=b), "cuda") for b in (1, 2)})
+    assert _interpolate([2, 3], [10, 20], 5) == 40
+    with pytest.raises(NotScalable):
+        _interpolate([2, 4], [10, 11], 3)
+
+
+def test_fit_cli_in_json_and_at_80_columns():
+    result = invoke("fit", "lora", "qlora_gc", "--preset", "micro", "--budget", "1GiB", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["device"]["usable_bytes"] == int(2**30 * 0.95)
+    lora = out["methods"][0]
+    assert lora["method"] == "lora" and lora["largest_batch"]["at"]["fits"]
+    assert not lora["largest_batch"]["one_step_past"]["fits"]
+    assert lora["largest_batch"]["one_step_past"]["device_used_bytes"] > lora["largest_batch"]["at"]["device_used_bytes"]
+    table = invoke("fit", "lora", "--preset", "micro", "--budget", "1GiB", env={"COLUMNS": "80"})
+    assert table.returncode == 0, table.stderr
+    assert all(len(line) <= 80 for line in table.stdout.splitlines())
+    assert f"{lora['largest_batch']['largest']:,}" in table.stdout and "does not fit" in table.stdout
+
+
+def test_nothing_fits_names_the_smallest_setting_and_bad_input_exits_2():
+    small = invoke("fit", "lora", "full", "--preset", "micro", "--budget", "300MiB")
+    assert small.returncode == 1, small.stdout + small.stderr
+    assert "Nothing fits" in small.stdout and "at batch 1 x" in small.stdout
+    for args, said in ((["--budget", "lots"], "--budget"), (["--gpu", "A1000"], "A100-SXM4-80GB"),
+                       (["--gpu", "RTX-4090", "--budget", "8GiB"], "one of them"), ([], "--gpu NAME"),
+                       (["--budget", "8GiB", "nonsense"], "lora")):
+        bad = invoke("fit", *args, "--preset", "micro")
+        assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
