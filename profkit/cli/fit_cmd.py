@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -10,12 +11,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from profkit.cli import options
-from profkit.cli.common import Format, fail_usage, parse_budget
+from profkit.cli.common import fail_usage, parse_budget
 from profkit.cli.estimate_cmd import CONFIG_HELP, STACK_HELP, find_gpu, from_configs, read_stack, workload_settings
 from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS, UnknownMethodError, resolve
 from profkit.core.units import human_bytes
+
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
 
 EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits (the smallest setting and its "
           "peak are named); 2 bad arguments (unknown method, GPU or preset, a malformed budget).")
@@ -30,7 +36,7 @@ def fit(
     margin: float = typer.Option(0.05, min=0.0, max=0.5, help="Left free: this share of the device."),
     world_size: int = typer.Option(1, min=1, help="Ranks: ZeRO and FSDP shard across them."),
     device: str = typer.Option("cuda", help="Target: cuda or cpu (with --budget)."),
-    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format: table or json."),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help=STACK_HELP),
     configs: list[Path] = typer.Option(None, "--config", help=CONFIG_HELP, show_default=False),
     run_settings: dict = None,
@@ -45,8 +51,6 @@ def fit(
         fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
     target_gpu = find_gpu(gpu, device) if gpu else None
     device_bytes = target_gpu.memory_bytes if target_gpu else parse_budget(budget)
-    if fmt not in (Format.table, Format.json):
-        fail_usage(f"--format {fmt.value}: fit writes table or json")
     stack_first, given = None, {}
     if configs:
         chosen, given, run_settings, world_size, stack_first, _ = from_configs(configs, methods or [], {},
