@@ -2,6 +2,7 @@
 replayed through it (``predict.step_replay``)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,12 +93,6 @@ def test_the_replayed_step_allocates_what_the_estimate_counts(method, ranks, ove
     assert ("nccl" in device["outside_allocator"]) == (ranks > 1)
 
 
-def _canonical(events) -> list[tuple]:
-    """The calls with each handle named by the order in which it was first allocated."""
-    names: dict[int, int] = {}
-    return [(kind, names.setdefault(handle, len(names)), nbytes, stream) for kind, handle, nbytes, stream in events]
-
-
 @pytest.mark.parametrize("method, ranks, overrides", [
     ("full", 1, {}), ("lora_gc", 1, {}), ("qlora", 1, {}), ("full_fsdp", 2, {}), ("qlora_fsdp_gc", 2, {}),
     ("lora_fsdp", 2, {"offload": "optimizer+params"}), ("lora", 1, {"grad_accum": 4}),
@@ -110,7 +105,7 @@ def test_the_second_step_is_the_first_again_less_the_state_it_made(method, ranks
     ran = e.tracer((64, 64, 72))
     repeated = e.tracer((64,)).repeated()
     assert repeated.steps == ran.steps[:2]
-    assert _canonical(repeated.events) == _canonical(ran.events[:ran.steps[2]])
+    assert repeated.canonical() == replace(ran, events=ran.events[:ran.steps[2]]).canonical()
     kept = len(ran.events[ran.steps[0]:ran.steps[1]]) - len(ran.events[ran.steps[1]:ran.steps[2]])
     # AdamW's state, made at the first step, on the device unless offloaded; SGD without momentum keeps none
     assert (kept > 0) == ("offload" not in overrides and overrides.get("optimizer") != "sgd")

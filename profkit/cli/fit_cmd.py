@@ -92,13 +92,9 @@ def _device_json(room) -> dict:
             "usable_bytes": room.usable_bytes}
 
 
-def _check_json(check: dict | None) -> dict | None:
-    return None if check is None else {k: v for k, v in check.items()}
-
-
 def _boundary_json(b) -> dict:
-    return {"dimension": b.dimension, "fixed": b.fixed, "largest": b.largest, "at": _check_json(b.at),
-            "one_step_past": _check_json(b.past), "searched": b.searched, "limit": b.limit,
+    return {"dimension": b.dimension, "fixed": b.fixed, "largest": b.largest, "at": b.at,
+            "one_step_past": b.past, "searched": b.searched, "limit": b.limit,
             "settings_checked": b.points}
 
 

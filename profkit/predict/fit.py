@@ -92,11 +92,6 @@ def _interpolate(xs: list[int], ys: list[int], x: int) -> int:
     return int(total)
 
 
-def _canonical(events) -> list[tuple[int, int, int, int]]:
-    names: dict[int, int] = {}
-    return [(kind, names.setdefault(handle, len(names)), nbytes, stream) for kind, handle, nbytes, stream in events]
-
-
 @dataclass
 class Scaling:
     """One method's estimate as a function of one dimension, from full estimates at sample points."""
@@ -116,7 +111,7 @@ class Scaling:
         if any((t is None) != (traces[xs[0]] is None) for t in traces.values()):
             raise NotScalable("the step is replayed at some sample points only")
         if traces[xs[0]] is not None:
-            self._traces = {x: _canonical(t.events) for x, t in traces.items()}
+            self._traces = {x: t.canonical() for x, t in traces.items()}
             shape = [(k, h, s) for k, h, _, s in self._traces[xs[0]]]
             if any([(k, h, s) for k, h, _, s in t] != shape for t in self._traces.values()):
                 raise NotScalable("the step's allocations differ in order or number between sample points")

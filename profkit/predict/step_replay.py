@@ -120,6 +120,13 @@ class AllocationTrace:
                                    exc.requested)
         return AllocatorReplay(allocator.peak_allocated, allocator.peak_reserved, len(allocator.segments))
 
+    def canonical(self) -> list[tuple[int, int, int, int]]:
+        """The calls with each handle named by the order in which it was first allocated: two traces of the same
+        step compare equal whatever handles their recordings drew."""
+        names: dict[int, int] = {}
+        return [(kind, names.setdefault(handle, len(names)), nbytes, stream)
+                for kind, handle, nbytes, stream in self.events]
+
     def repeated(self) -> AllocationTrace:
         """The last step run once more, as the next step of the same lengths runs it: the same calls less what the
         step made to keep (allocated in it and live at its end: the optimizer's state, made at its first step)."""

@@ -67,7 +67,7 @@ def estimate_training(method: Method, config, batch_size: int, seq_len: int, wor
     tracer = None
     if target == "cuda" and not method.zero_stage:
         tracer = functools.partial(_trace, model, quantized, method, plan, batch_size, target, step.notes,
-                                     sharded.step if sharded else None)
+                                   sharded.step if sharded else None)
     settings = {"batch_size": batch_size, "seq_len": seq_len, "world_size": world_size, "device": target,
                 "model": model_name, "precision": plan.precision, "engine": engine, "method": method.settings()}
     return Estimate(method.label, settings, instants, weights.counts, step.detail, step.notes,
