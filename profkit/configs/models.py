@@ -94,3 +94,13 @@ def resolve_model(name: str, beside: Path | None = None) -> tuple[Path, str]:
                       f"cache ({hub_cache()}), not in profkit's catalogue ({len(catalogue())} models; "
                       "`profkit methods --models` lists them). Give its config.json's directory with --model DIR "
                       "(profkit reads only the configuration, never the weights)")
+
+
+def find_config(name: str) -> dict | None:
+    """The configuration (config.json's contents) of the model ``name`` names, found as ``resolve_model`` finds it;
+    None where it is nowhere."""
+    try:
+        directory, _ = resolve_model(name)
+    except ConfigError:
+        return None
+    return json.loads((directory / "config.json").read_text())
