@@ -35,6 +35,8 @@ def fit(
     budget: Optional[str] = typer.Option(None, help="Or the device's memory, e.g. 24GiB, 16GB."),
     margin: float = typer.Option(0.05, min=0.0, max=0.5, help="Left free: this share of the device."),
     world_size: int = typer.Option(1, min=1, help="Ranks: ZeRO and FSDP shard across them."),
+    effective_batch: Optional[int] = typer.Option(None, min=1, help="Samples per optimizer step, every rank "
+                                                  "together: kept with gradient accumulation."),
     device: str = typer.Option("cuda", help="Target: cuda or cpu (with --budget)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help=STACK_HELP),
@@ -49,6 +51,9 @@ def fit(
         fail_usage("give the device: --gpu NAME or --budget SIZE (one of them)")
     if device not in ("cpu", "cuda"):
         fail_usage(f"unknown device {device!r}; valid: cpu, cuda")
+    if effective_batch and effective_batch % world_size:
+        fail_usage(f"--effective-batch {effective_batch} is not a multiple of --world-size {world_size}: each rank "
+                   "takes an equal share")
     target_gpu = find_gpu(gpu, device) if gpu else None
     device_bytes = target_gpu.memory_bytes if target_gpu else parse_budget(budget)
     stack_first, given = None, {}
@@ -69,15 +74,16 @@ def fit(
     room = Device(device_bytes, margin, target_gpu.key if target_gpu else human_bytes(device_bytes))
     err = Console(stderr=True)
     with err.status("") as status:
-        rows = fit_methods(chosen, settings, room, device, world_size, stack, given, target_gpu,
+        rows = fit_methods(chosen, settings, room, device, world_size, stack, given, target_gpu, effective_batch,
                            progress=lambda text: status.update(escape(text)))
-    fitting = [r for r in rows if "refused" not in r and r["batch"].largest]
+    fitting = [r for r in rows if "refused" not in r and (r["accumulated"].micro if effective_batch
+                                                          else r["batch"].largest)]
     if fmt is Format.json:
         typer.echo(json.dumps({"stack": stack.to_json(), "device": _device_json(room), "methods":
                                [_row_json(r) for r in rows]}, indent=2))
     else:
         Console().print(f"stack: {stack.describe()}", highlight=False, soft_wrap=False)
-        _print(rows, room, settings, world_size)
+        _print(rows, room, settings, world_size, effective_batch)
     if not fitting:
         raise typer.Exit(Exit.FAILED)
 
@@ -103,8 +109,14 @@ def _row_json(r: dict) -> dict:
         return {"method": r["method"], "refused": r["refused"]}
     out = {"method": r["method"], "largest_batch": _boundary_json(r["batch"]),
            "longest_sequence": _boundary_json(r["sequence"])}
+    if "accumulated" in r:
+        a = r["accumulated"]
+        out["effective_batch"] = {"effective": a.effective, "micro_batch": a.micro, "accumulation": a.accumulation,
+                                  "method": a.method.label, "check": a.check,
+                                  "micro_batch_boundary": _boundary_json(a.boundary)}
     if "step_time" in r:
-        out["step_time_at_largest_batch"] = r["step_time"].to_json()
+        key = "step_time_at_effective_batch" if "accumulated" in r else "step_time_at_largest_batch"
+        out[key] = r["step_time"].to_json()
     return out
 
 
@@ -116,9 +128,9 @@ def _holder(check: dict | None) -> str:
     return f"{name} {human_bytes(nbytes)}"
 
 
-def _print(rows: list[dict], room, settings, world_size: int) -> None:
+def _print(rows: list[dict], room, settings, world_size: int, effective: int | None) -> None:
     out = Console()
-    fitting = [r for r in rows if "refused" not in r and r["batch"].largest]
+    fitting = [r for r in rows if "refused" not in r and (r["accumulated"].micro if effective else r["batch"].largest)]
     timed = all("step_time" in r for r in fitting) and fitting
     if timed:
         fitting.sort(key=lambda r: -r["step_time"].tokens_per_s)
@@ -129,6 +141,8 @@ def _print(rows: list[dict], room, settings, world_size: int) -> None:
     t.add_column(f"batch at {settings.seq_len}", justify="right")
     t.add_column(f"seq at batch {settings.batch_size}", justify="right")
     t.add_column("nvidia-smi", justify="right")
+    if effective:
+        t.add_column(f"{effective} as", justify="right")
     if timed:
         t.add_column("tokens/s", justify="right")
     for r in fitting:
@@ -136,6 +150,9 @@ def _print(rows: list[dict], room, settings, world_size: int) -> None:
         used = b.at["device_used_bytes"] if b.at["device_used_bytes"] is not None else b.at["peak_bytes"]
         cells = [r["method"], f"{b.largest:,}" + ("+" if b.past is None else ""),
                  "-" if s.largest is None else f"{s.largest:,}" + ("+" if s.past is None else ""), human_bytes(used)]
+        if effective:
+            a = r["accumulated"]
+            cells.append(f"{a.micro} x {a.accumulation}" + (f" x {world_size}" if world_size > 1 else ""))
         if timed:
             cells.append(f"{r['step_time'].tokens_per_s:,.0f}")
         t.add_row(*cells)
@@ -159,6 +176,14 @@ def _print(rows: list[dict], room, settings, world_size: int) -> None:
     elif unfit:
         out.print(f"[dim]not even batch 1 at {settings.seq_len} tokens: {', '.join(r['method'] for r in unfit)}[/]",
                   highlight=False)
+    if effective:
+        held = [r["method"] for r in rows if "refused" not in r and r["batch"].largest and not r["accumulated"].micro]
+        if held:
+            out.print(f"[dim]fit a batch at once but not one sample a micro-batch with the accumulated gradients held "
+                      f"through the next forward: {', '.join(held)}[/]", highlight=False)
+        out.print(f"[dim]{effective} as: micro-batch x accumulation steps"
+                  + (" x ranks" if world_size > 1 else "") + ", the largest micro-batch that divides it and fits"
+                  + (", ranked by tokens/s at it" if timed else "") + "[/]", highlight=False)
     for r in rows:
         if "refused" in r:
             out.print(f"[dim]not searched ({escape(r['refused'])})[/]", highlight=False)

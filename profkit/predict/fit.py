@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from profkit.core.methods import Method
+from profkit.core.methods import Method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import model_config
 from profkit.predict.estimate import estimate_methods
@@ -35,8 +35,8 @@ from profkit.predict.memory.result import Estimate, EstimateError
 from profkit.predict.step_replay import MALLOC, AllocationTrace, fixed_lengths
 from profkit.predict.step_time import predict_run
 
-__all__ = ["BATCH", "SEQUENCE", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling", "boundary",
-           "fit_methods", "sequence_limit"]
+__all__ = ["BATCH", "SEQUENCE", "Accumulated", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling",
+           "accumulated", "boundary", "fit_methods", "sequence_limit"]
 
 BATCH, SEQUENCE = "batch_size", "seq_len"
 DEGREE = {BATCH: 1, SEQUENCE: 2}  # of each size as a polynomial in the dimension
@@ -273,19 +273,58 @@ def sequence_limit(config) -> int:
 
 
 
+@dataclass
+class Accumulated:
+    """An effective batch (samples per optimizer step, every rank together) as micro-batches that fit: ``micro``
+    samples per rank, ``accumulation`` of them a step; ``check``: the full estimate of that very setting on the
+    device; ``boundary``: the search that bounded the micro-batch (accumulating where ``accumulation`` > 1)."""
+
+    effective: int
+    micro: int | None  # None: not even one sample per rank fits
+    accumulation: int
+    method: Method
+    check: dict | None
+    boundary: Boundary
+
+
+def accumulated(method: Method, effective: int, world_size: int, largest: Boundary, settings: RunSettings,
+                device: Device, estimate: Callable[[Method, RunSettings], Estimate]) -> Accumulated:
+    """The largest micro-batch that divides the effective batch's share of each rank and fits. Where the whole share
+    does not fit at once (``largest``: the batch boundary without accumulation), the micro-batch is searched again
+    with accumulation on: gradients then outlive the backward and are alive through the next micro-batch's forward
+    (``grad_accum``), so the boundary can be lower; the chosen setting is then estimated in full."""
+    share = effective // world_size
+    if largest.largest is not None and largest.largest >= share:
+        chosen = replace(settings, batch_size=share)
+        return Accumulated(effective, share, 1, method, device.check(estimate(method, chosen)), largest)
+    accumulating = with_overrides(method, grad_accum=2)
+    found = boundary(accumulating, BATCH, settings, device, lambda s: estimate(accumulating, s), limit=share)
+    if found.largest is None:
+        return Accumulated(effective, None, 0, accumulating, None, found)
+    micro = max(d for d in range(1, found.largest + 1) if share % d == 0)
+    final = with_overrides(method, grad_accum=share // micro) if share > micro else method
+    check = device.check(estimate(final, replace(settings, batch_size=micro)))
+    return Accumulated(effective, micro, share // micro, final, check, found)
+
+
 def fit_methods(methods: list[Method], settings: RunSettings, device: Device, target: str, world_size: int = 1,
-                stack=None, given: dict | None = None, gpu=None,
+                stack=None, given: dict | None = None, gpu=None, effective_batch: int | None = None,
                 progress: Callable[[str], None] = lambda _: None) -> list[dict]:
     """Per method: the largest batch at ``settings``' sequence length and the longest sequence at its batch, each
-    with the checks at the boundary and one step past it; with a ``gpu``, the step time predicted at the largest
-    batch. A method the estimator does not model is kept with its reason (``refused``)."""
+    with the checks at the boundary and one step past it; with ``effective_batch`` (samples per optimizer step,
+    every rank together), the largest micro-batch that keeps it with gradient accumulation (``Accumulated``); with a
+    ``gpu``, the step time predicted at the largest batch, or at the accumulated setting. A method the estimator
+    does not model is kept with its reason (``refused``)."""
     settings = settings.resolved()
     limit = sequence_limit(model_config(settings))
     rows = []
     for method in methods:
-        def one(s: RunSettings, method=method) -> Estimate:
-            [e] = estimate_methods([method], s, target, world_size, stack, given)
+        def with_method(m: Method, s: RunSettings) -> Estimate:
+            [e] = estimate_methods([m], s, target, world_size, stack, given)
             return e
+
+        def one(s: RunSettings, method=method) -> Estimate:
+            return with_method(method, s)
 
         row = {"method": method.label, "seq_len": settings.seq_len, "batch_size": settings.batch_size}
         try:
@@ -294,12 +333,19 @@ def fit_methods(methods: list[Method], settings: RunSettings, device: Device, ta
             progress(f"{method.label}: the longest sequence at batch {settings.batch_size}")
             row["sequence"] = boundary(method, SEQUENCE, settings, device, one,
                                        limit=limit // STEP[SEQUENCE] * STEP[SEQUENCE])
+            if effective_batch:
+                progress(f"{method.label}: micro-batches of an effective batch of {effective_batch}")
+                row["accumulated"] = accumulated(method, effective_batch, world_size, row["batch"], settings, device,
+                                                 with_method)
         except EstimateError as exc:
             rows.append({**row, "refused": str(exc)})
             continue
-        if gpu is not None and row["batch"].largest:
-            stacked = next(m for m, _ in stacked_run([method], given or {}, stack, settings)) if stack else method
-            row["step_time"] = predict_run(stacked, replace(settings, batch_size=row["batch"].largest), gpu,
-                                           world_size)
+        timed = row["accumulated"] if effective_batch else None
+        micro = timed.micro if timed else row["batch"].largest
+        if gpu is not None and micro:
+            timed_method = timed.method if timed else method
+            stacked = next(m for m, _ in stacked_run([timed_method], given or {}, stack, settings)) \
+                if stack else timed_method
+            row["step_time"] = predict_run(stacked, replace(settings, batch_size=micro), gpu, world_size)
         rows.append(row)
     return rows

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from profkit.core.methods import METHODS, get_method
+from profkit.core.methods import METHODS, get_method, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import model_config
 from profkit.predict.estimate import estimate_run
-from profkit.predict.fit import (BATCH, SEQUENCE, STEP, Device, NotScalable, Scaling, _interpolate, boundary,
-                                 sequence_limit)
+from profkit.predict.fit import (BATCH, SEQUENCE, STEP, Device, NotScalable, Scaling, _interpolate, accumulated,
+                                 boundary, sequence_limit)
 from tests.conftest import invoke
 
 TRAINING = [name for name, m in METHODS.items() if m.kind == "train"]
@@ -66,6 +66,42 @@ def test_on_a_larger_preset_too(name):
     assert found.searched.startswith("interpolated") and found.past is not None
     assert device.check(full(replace(settings, batch_size=found.largest)))["fits"]
     assert not device.check(full(replace(settings, batch_size=found.largest + 1)))["fits"]
+
+
+@pytest.mark.parametrize("name", ["lora", "full_gc"])
+def test_an_effective_batch_is_the_largest_micro_batch_that_divides_it_and_fits_with_accumulation(name):
+    found, device, full, settings = _search("micro", name, BATCH)
+    method = get_method(name)
+
+    def each(m, s):
+        return estimate_run(m, s, "cuda")
+
+    effective = 2 * (found.largest + 1)  # more than fits at once: accumulated
+    a = accumulated(method, effective, 1, found, settings, device, each)
+    assert a.micro * a.accumulation == effective and a.accumulation > 1 and a.check["fits"]
+    assert a.method.grad_accum == a.accumulation
+    # The accumulated gradients held through the next forward cost room: never a larger micro-batch than at once.
+    assert a.micro <= a.boundary.largest <= found.largest
+    # The next divisor of the effective batch, accumulating, does not fit: the micro-batch is the largest one.
+    larger = next(d for d in range(a.micro + 1, effective + 1) if effective % d == 0)
+    accumulating = with_overrides(method, grad_accum=effective // larger) if larger < effective else method
+    assert not device.check(each(accumulating, replace(settings, batch_size=larger)))["fits"]
+    # An effective batch that fits at once is one micro-batch, without accumulation.
+    once = accumulated(method, found.largest, 1, found, settings, device, each)
+    assert (once.micro, once.accumulation, once.check["fits"]) == (found.largest, 1, True)
+
+
+def test_fit_ranks_the_accumulated_settings_and_refuses_an_uneven_share():
+    result = invoke("fit", "lora", "--preset", "micro", "--budget", "1GiB", "--effective-batch", "512",
+                    "--format", "json")
+    assert result.returncode == 0, result.stderr
+    [lora] = json.loads(result.stdout)["methods"]
+    eff = lora["effective_batch"]
+    assert eff["micro_batch"] * eff["accumulation"] == 512 and eff["accumulation"] > 1 and eff["check"]["fits"]
+    assert eff["micro_batch"] <= lora["largest_batch"]["largest"]
+    bad = invoke("fit", "lora", "--preset", "micro", "--budget", "1GiB", "--effective-batch", "3",
+                 "--world-size", "2")
+    assert bad.returncode == 2 and "multiple of --world-size" in bad.stderr
 
 
 def test_a_single_row_is_no_sample_point_and_a_fraction_is_no_size():
