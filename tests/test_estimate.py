@@ -124,6 +124,24 @@ def test_recommend_without_runs_uses_the_estimate(estimates_3b):
     assert ranked.set_index("method").peak_bytes["qlora_gc"] == qlora_gc.reserved()["bytes"]
 
 
+def test_recommend_ranks_by_speed_and_keeps_a_searched_verdict():
+    """Measured runs carry the batch they ran; fit's rows carry their own verdict (the allocator replayed with the
+    budget's room), which a peak within the budget does not overrule; whatever fits is ranked by tokens/s."""
+    runs = pd.DataFrame([{"method": m, "status": "ok", "measured_peak_bytes": p, "clean_step_time_s": t,
+                          "tokens_per_s": tok, "settings": {"batch_size": 4}}
+                         for m, p, t, tok in (("lora", 10, 0.2, 100.0), ("full", 20, 0.1, 200.0))])
+    measured = ranking.from_breakdown(runs)
+    assert list(measured.batch_size) == [4, 4]
+    searched = pd.DataFrame([
+        {"method": "qlora", "source": "predicted", "batch_size": 8, "peak_bytes": 30, "step_time_s": 0.5,
+         "tokens_per_s": 900.0, "time_costs": ["quantization"], "fits": True},
+        {"method": "lora_gc", "source": "predicted", "batch_size": 1, "peak_bytes": 25, "step_time_s": 0.1,
+         "tokens_per_s": 5000.0, "time_costs": ["gradient_checkpointing"], "fits": False}])  # a request found no room
+    ranked = ranking.rank(pd.concat([measured, searched], ignore_index=True), budget_bytes=40)
+    assert list(ranked.method) == ["full", "lora", "qlora", "lora_gc"]
+    assert list(ranked.fits) == [True, True, True, False]
+
+
 def test_parse_bytes():
     assert parse_bytes("8GiB") == 8 * 2**30 and parse_bytes("7.5 GB") == 7_500_000_000 and parse_bytes("512") == 512
     with pytest.raises(ValueError, match="not a size"):

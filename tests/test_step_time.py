@@ -18,6 +18,8 @@ from profkit.core.methods import METHODS, get_method
 from profkit.core.presets import get_preset
 from profkit.core.settings import RunSettings
 from profkit.model.build import model_config
+from profkit.predict.estimate import estimate_run
+from profkit.predict.fit import Device
 from profkit.predict.step_time import CALIBRATION, predict, step_work
 from typer.testing import CliRunner
 
@@ -163,14 +165,30 @@ def test_estimate_gpu_on_the_command_line():
     assert bad.returncode == 2 and "valid GPUs: " in bad.output and "H100-SXM" in bad.output
 
 
-def test_recommend_ranks_by_the_predicted_step_time_and_says_so():
-    result = invoke("recommend", "--budget", "1GiB", "--preset", "micro", "--gpu", "H100-SXM", env={"COLUMNS": "100"})
-    assert result.returncode == 0, result.output
-    rows = [line.split("│") for line in result.stdout.splitlines() if line.startswith("│") and "predicted" in line]
-    assert len(rows) >= 10
-    times = [float(r[4].strip().removesuffix(" ms")) for r in rows if r[4].strip().endswith(" ms")]
-    assert times == sorted(times) and len(times) == len(rows)
-    assert "step time predicted from the step's work" in result.stdout and "not measured" in result.stdout
+def test_recommend_ranks_each_method_at_the_largest_batch_it_fits_by_predicted_tokens_per_s():
+    """With a GPU and no runs, recommend is fit's engine: each method at the largest batch that fits the budget
+    (the full estimate there fits, one more does not), ranked by the tokens/s predicted at it; JSON and the table
+    say the same, the table within 80 columns."""
+    result = invoke("recommend", "--budget", "1GiB", "--preset", "micro", "--gpu", "H100-SXM", "-f", "json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["batch"] == "largest that fits" and out["gpu"] == "H100-SXM"
+    ranked = [r for r in out["ranked"] if r["fits"]]
+    assert len(ranked) >= 10 and {r["source"] for r in ranked} == {"predicted"}
+    speeds = [r["tokens_per_s"] for r in ranked]
+    assert speeds == sorted(speeds, reverse=True)
+    assert all(r["peak_bytes"] <= out["budget_bytes"] for r in ranked)
+    # The batch is the boundary: the next one does not fit (lora's, held to the full estimate).
+    lora = next(r for r in ranked if r["method"] == "lora")
+    settings = RunSettings(method="lora", preset="micro").resolved()
+    room = Device(out["budget_bytes"], 0.0)
+    assert room.check(estimate_run(get_method("lora"), replace(settings, batch_size=lora["batch_size"]), "cuda"))["fits"]
+    assert not room.check(estimate_run(get_method("lora"), replace(settings, batch_size=lora["batch_size"] + 1),
+                                       "cuda"))["fits"]
+    table = invoke("recommend", "--budget", "1GiB", "--preset", "micro", "--gpu", "H100-SXM", env={"COLUMNS": "80"})
+    assert table.returncode == 0 and all(len(line) <= 80 for line in table.stdout.splitlines())
+    assert f"{lora['batch_size']:,}" in table.stdout and "largest batch it" in table.stdout
+    assert "step time predicted from the step's work" in table.stdout and "not measured" in table.stdout
 
 
 def test_a_gpu_run_carries_its_predicted_step_time_and_the_breakdown_sets_it_beside_the_measured():

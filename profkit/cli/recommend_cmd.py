@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +25,11 @@ from profkit.core.stack import Stack
 from profkit.core.units import human_bytes, human_seconds
 from profkit.predict import recommend as ranking
 
+class Format(str, Enum):
+    table = "table"
+    json = "json"
+
+
 EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits the budget (the closest are "
           "shown); 2 bad arguments.")
 
@@ -32,17 +39,18 @@ def recommend(
     path: Optional[Path] = typer.Argument(None, help="Recorded runs (traces/): rank by measured peak and step time."),
     budget: str = typer.Option(..., help="Memory budget, e.g. 8GiB, 7.5GB, 512MiB."),
     device: str = typer.Option("cuda", help="Without runs: the target, cuda or cpu."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help=f"Rank methods without a run by their step time predicted "
-                                                         f"on this GPU: {', '.join(gpus.GPUS)}."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help=f"Rank methods without a run at the largest batch each fits, "
+                                                         f"by tokens/s predicted on this GPU: {', '.join(gpus.GPUS)}."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help="Without runs: " + STACK_HELP),
     configs: list[Path] = typer.Option(None, "--config", help="Without runs: your training config (see `profkit "
                                        "estimate --help`): its model, sizes, settings and stack; every method is "
                                        "ranked with the settings that apply to it.", show_default=False),
+    fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     run_settings: dict = None,
 ) -> None:
-    """Rank the training methods that fit a memory budget: by measured step time where runs were recorded,
-    otherwise by the estimate (with --gpu, by the step time predicted on that GPU). Methods without a run are
-    estimated with the runs' own model and sizes."""
+    """Rank the training methods that fit a memory budget: by measured speed where runs were recorded, otherwise
+    by the estimate (with --gpu, each at the largest batch it fits, by the tokens/s predicted there, as `profkit
+    fit` searches). Methods without a run are estimated with the runs' own model and sizes."""
     budget_bytes = parse_budget(budget)
 
     measured = ranking.from_breakdown(_training_runs(path) if path is not None else pd.DataFrame())
@@ -57,21 +65,52 @@ def recommend(
     target_gpu = find_gpu(gpu, target)
     estimates, skipped = _estimable(missing, settings, target, stack, given)
     kept = [m for m in missing if m.label in {e.method for e in estimates}]
-    times = (run_step_times(stacked_methods(kept, given, stack, settings), settings, target_gpu, 1)
-             if target_gpu is not None and kept else {})
-    estimated = ranking.from_estimates(estimates, times)
+    searched = target_gpu is not None and measured.empty and bool(kept)
+    if searched:  # fit's engine: each method at the largest batch that fits, timed there
+        estimated = _fitted(kept, settings, target, budget_bytes, stack, given, target_gpu)
+    else:
+        times = (run_step_times(stacked_methods(kept, given, stack, settings), settings, target_gpu, 1)
+                 if target_gpu is not None and kept else {})
+        estimated = ranking.from_estimates(estimates, times)
     ranked = ranking.rank(pd.concat([f for f in (measured, estimated) if not f.empty], ignore_index=True), budget_bytes)
-    if missing:  # what the estimates assumed; measured runs ran what they ran
-        Console().print(f"stack: {stack.describe()}", highlight=False)
-    _print(ranked, budget_bytes, settings, target, target_gpu.key if target_gpu else None)
     by_reason: dict[str, list[str]] = {}
     for refusal in skipped:  # "method: reason" (EstimateError's form), one line per reason
         method, _, reason = refusal.partition(": ")
         by_reason.setdefault(reason or method, []).append(method.split(" on ")[0])
-    for reason, methods in by_reason.items():
-        Console().print(f"[dim]not ranked ({escape(reason)}): {', '.join(methods)}[/]", highlight=False)
+    if fmt is Format.json:
+        typer.echo(json.dumps({"budget_bytes": budget_bytes, "model": settings.model_path or settings.preset,
+                               "seq_len": settings.seq_len, "batch_size": None if searched else settings.batch_size,
+                               "batch": "largest that fits" if searched else "given", "target": target,
+                               "gpu": target_gpu.key if target_gpu else None,
+                               "stack": stack.to_json() if missing else None,
+                               "ranked": _records(ranked),
+                               "not_ranked": [{"reason": r, "methods": m} for r, m in by_reason.items()]}, indent=2))
+    else:
+        if missing:  # what the estimates assumed; measured runs ran what they ran
+            Console().print(f"stack: {stack.describe()}", highlight=False)
+        _print(ranked, budget_bytes, settings, target, target_gpu.key if target_gpu else None, searched)
+        for reason, methods in by_reason.items():
+            Console().print(f"[dim]not ranked ({escape(reason)}): {', '.join(methods)}[/]", highlight=False)
     if not ranked.fits.any():
         raise typer.Exit(Exit.FAILED)
+
+
+def _fitted(methods, settings: RunSettings, target: str, budget_bytes: int, stack, given: dict, gpu) -> pd.DataFrame:
+    """Each method at the largest batch that fits the budget (``fit``'s search, the budget whole: no margin), with
+    the step time predicted there."""
+    from profkit.predict.fit import BATCH, Device, fit_methods  # heavy: torch
+
+    with Console(stderr=True).status("") as status:
+        rows = fit_methods(methods, settings, Device(budget_bytes, 0.0, human_bytes(budget_bytes)), target, 1,
+                           stack, given, gpu, dimensions=(BATCH,), progress=lambda text: status.update(escape(text)))
+    return ranking.from_fit(rows, methods)
+
+
+def _records(ranked: pd.DataFrame) -> list[dict]:
+    """The ranked rows as JSON values (NaN as null, numpy numbers as Python's)."""
+    return [{k: (None if v is None or (isinstance(v, float) and v != v) else
+                 v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            for row in ranked.astype(object).to_dict("records")]
 
 
 def _estimable(methods, settings: RunSettings, target: str, stack, given: dict):
@@ -114,21 +153,25 @@ def _settings_of_runs(path: Path) -> tuple[RunSettings, str, Stack]:
     fail_usage(f"{path}: no completed run to take the model and sizes from")
 
 
-def _print(ranked, budget_bytes: int, settings: RunSettings, target: str, gpu: str | None) -> None:
+def _print(ranked, budget_bytes: int, settings: RunSettings, target: str, gpu: str | None, searched: bool) -> None:
     out = Console()
     fits = ranked[ranked.fits]
+    batch = "each at the largest batch it fits" if searched else f"batch {settings.batch_size}"
     table = Table(title=f"Training methods within {human_bytes(budget_bytes)}: "
-                        f"{settings.model_path or settings.preset}, batch {settings.batch_size} x {settings.seq_len}, "
-                        f"{gpu or target}")
-    for col in ("rank", "method", "peak memory", "step time", "tokens/s", "source"):
+                        f"{settings.model_path or settings.preset}, {batch} x {settings.seq_len}, {gpu or target}")
+    # Searched, every row is predicted (the note under the table says so): the batch takes the source's place.
+    for col in ("rank", "method", *(["batch", "peak"] if searched else ["peak memory"]), "step time", "tokens/s",
+                *([] if searched else ["source"])):
         table.add_column(col, justify="right" if col not in ("method", "source") else "left",
                          no_wrap=col == "method")
     shown = fits if not fits.empty else ranked.head(3)
     for i, r in enumerate(shown.itertuples(), 1):
-        table.add_row(str(i) if r.fits else "-", r.method, human_bytes(r.peak_bytes), human_seconds(r.step_time_s),
+        source = ("measured" if r.source == "measured" else "predicted" if r.source == "predicted" else
+                  "estimated: " + (", ".join(c.replace("_", " ") for c in r.time_costs) or "no time cost"))
+        table.add_row(str(i) if r.fits else "-", r.method, *([f"{r.batch_size:,}"] if searched else []),
+                      human_bytes(r.peak_bytes), human_seconds(r.step_time_s),
                       f"{r.tokens_per_s:,.0f}" if r.tokens_per_s == r.tokens_per_s and r.tokens_per_s is not None else "-",
-                      "measured" if r.source == "measured" else "predicted" if r.source == "predicted" else
-                      "estimated: " + (", ".join(c.replace("_", " ") for c in r.time_costs) or "no time cost"))
+                      *([] if searched else [source]))
     if fits.empty:
         out.print(f"[red]Nothing fits {human_bytes(budget_bytes)}.[/] The closest:", highlight=False)
     out.print(table)
@@ -141,8 +184,10 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str, gpu: s
                   "ZeRO-2's bookkeeping and 8-bit optimizer state), which is not a measurement; record them to "
                   "rank by speed[/]", highlight=False)
     if (shown.source == "predicted").any():
-        out.print(f"[dim]predicted on {gpu}: peak from `profkit estimate`, step time predicted from the step's work "
-                  "at efficiencies measured on real GPU traces (`profkit estimate --gpu`); not measured[/]",
-                  highlight=False)
+        out.print(f"[dim]predicted on {gpu}: peak from `profkit estimate`"
+                  + (" at the largest batch that fits (`profkit fit`'s search: nvidia-smi's view where the step is "
+                     "replayed)" if searched else "")
+                  + ", step time predicted from the step's work at efficiencies measured on real GPU traces "
+                  "(`profkit estimate --gpu`); not measured[/]", highlight=False)
     if (shown.source == "measured").any():
         out.print("[dim]measured: peak from `profkit breakdown`, clean step time from the recording[/]", highlight=False)

@@ -309,12 +309,14 @@ def accumulated(method: Method, effective: int, world_size: int, largest: Bounda
 
 def fit_methods(methods: list[Method], settings: RunSettings, device: Device, target: str, world_size: int = 1,
                 stack=None, given: dict | None = None, gpu=None, effective_batch: int | None = None,
+                dimensions: tuple[str, ...] = (BATCH, SEQUENCE),
                 progress: Callable[[str], None] = lambda _: None) -> list[dict]:
     """Per method: the largest batch at ``settings``' sequence length and the longest sequence at its batch, each
     with the checks at the boundary and one step past it; with ``effective_batch`` (samples per optimizer step,
     every rank together), the largest micro-batch that keeps it with gradient accumulation (``Accumulated``); with a
     ``gpu``, the step time predicted at the largest batch, or at the accumulated setting. A method the estimator
-    does not model is kept with its reason (``refused``)."""
+    does not model is kept with its reason (``refused``). ``dimensions``: the searches to run (the batch's is
+    always run: the step time and the accumulated setting start from it)."""
     settings = settings.resolved()
     limit = sequence_limit(model_config(settings))
     rows = []
@@ -330,9 +332,10 @@ def fit_methods(methods: list[Method], settings: RunSettings, device: Device, ta
         try:
             progress(f"{method.label}: the largest batch at {settings.seq_len} tokens")
             row["batch"] = boundary(method, BATCH, settings, device, one)
-            progress(f"{method.label}: the longest sequence at batch {settings.batch_size}")
-            row["sequence"] = boundary(method, SEQUENCE, settings, device, one,
-                                       limit=limit // STEP[SEQUENCE] * STEP[SEQUENCE])
+            if SEQUENCE in dimensions:
+                progress(f"{method.label}: the longest sequence at batch {settings.batch_size}")
+                row["sequence"] = boundary(method, SEQUENCE, settings, device, one,
+                                           limit=limit // STEP[SEQUENCE] * STEP[SEQUENCE])
             if effective_batch:
                 progress(f"{method.label}: micro-batches of an effective batch of {effective_batch}")
                 row["accumulated"] = accumulated(method, effective_batch, world_size, row["batch"], settings, device,
