@@ -12,10 +12,15 @@ with profkit itself, then records and checks:
 - for each run: the unattributed share of the measured peak, reserved against allocated and the allocator
   overhead split, time coverage of the GPU timeline, predicted against measured per category (the reserved
   estimate against the live allocator too), and ``profkit snapshot`` on its own snapshots;
-- recording overhead: profkit's timed steps against the workload's plain loop, measured in one process.
+- recording overhead: profkit's timed steps against the workload's plain loop, measured in one process;
+- ``profkit fit`` held to recordings (``--part fit``): for lora, lora_gc, qlora_gc and full_gc, the largest batch
+  ``fit`` finds for a GPU of 16, 24 and 40 GiB, recorded at that batch and one more with the caching allocator
+  held to what such a GPU leaves it (``torch.cuda.set_per_process_memory_fraction``: the size less the CUDA
+  context, as ``fit`` counts it); it agrees where the first runs and the second runs out of memory. On the CPU
+  the recorded peak stands in for the device: a budget of 18 MiB on ``micro``.
 
 The work is split into parts, each well under the 10 minutes a command may run, each resumable (a run already
-recorded as it should end is kept): ``--part train|quant|zero|all``. Each part writes ``summary-<part>.json``,
+recorded as it should end is kept): ``--part train|quant|zero|fit|all``. Each part writes ``summary-<part>.json``,
 ``summary-<part>.md`` and its runs as ``runs-<part>-<k>.tar.gz`` (each under 16 MiB: files in order of use,
 traces trimmed to their last profiled step where one alone is too large, anything left out listed) into
 ``--out`` (``$OUT`` where set). ``collect`` merges the parts' summaries into ``reports/gpu/``.
@@ -39,7 +44,7 @@ import sys
 import tarfile
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +89,9 @@ PARTS: dict[str, list[CheckRun]] = {
     ],
 }
 OVERHEAD = {"train": ("full", "lora"), "quant": ("qlora",), "zero": ("lora_zero2",)}
+FIT_METHODS = ("lora", "lora_gc", "qlora_gc", "full_gc")
+# Emulated devices: GPUs people train on (16, 24 and 40 GiB cards); on the CPU, the micro preset's budget.
+FIT_SIZES = {"cuda": tuple(n << 30 for n in (16, 24, 40)), "cpu": (18 << 20,)}
 
 
 # --------------------------------------------------------------------------- install (standard library only)
@@ -657,6 +665,109 @@ def run_part(args) -> int:
     return 0 if summary["checks_passed"] == summary["checks_total"] else 1
 
 
+# --------------------------------------------------------------------------- fit held to recordings
+
+def fit_answer(method: str, preset: str, device: str, size: int) -> dict:
+    """``profkit fit``'s largest batch for a device of ``size`` bytes (no margin), and the room its check leaves
+    the allocator there (the size less what lies outside the allocator, as ``Estimate.on_device`` counts it)."""
+    from profkit.core.methods import get_method
+    from profkit.core.settings import RunSettings
+    from profkit.predict.estimate import estimate_run
+    from profkit.predict.fit import BATCH, Device, boundary
+
+    m = get_method(method)
+    settings = RunSettings(method=method, preset=preset, device=device).resolved()
+    found = boundary(m, BATCH, settings, Device(size, 0.0), lambda s: estimate_run(m, s, device))
+    replayed = estimate_run(m, replace(settings, batch_size=found.largest or 1), device).on_device(size) \
+        if device == "cuda" else None
+    room = replayed["capacity_bytes"] if replayed else size
+    return {"method": method, "size_bytes": size, "room_bytes": room, "largest": found.largest,
+            "searched": found.searched, "at": found.at, "past": found.past, "seq_len": settings.seq_len}
+
+
+def fit_recording(method: str, preset: str, device: str, batch: int, room: int, target: Path) -> dict:
+    """One recording at ``batch`` (kept where one already ended): on CUDA under an allocator limit of ``room``; its
+    status, measured peak, and whether it fits (ran, and on the CPU its peak within ``room``)."""
+    from profkit.analyze import breakdown
+    from profkit.core.methods import get_method
+    from profkit.core.settings import RunSettings
+    from profkit.launch import runner
+
+    if _status(target / method) not in ("ok", "oom"):
+        settings = RunSettings(method=method, preset=preset, device=device, batch_size=batch, warmup_steps=1,
+                               timed_steps=1, profiled_steps=1,
+                               memory_limit_bytes=room if device == "cuda" else None)
+        runner.record([get_method(method)], settings, target, _Printer())
+    runs = breakdown([target / method]).runs
+    status = str(runs.status.iloc[0]) if len(runs) else "missing"
+    peak = runs.measured_peak_bytes.iloc[0] if len(runs) else None
+    peak = None if peak is None or peak != peak else int(peak)
+    fits = status == "ok" and (device == "cuda" or (peak is not None and peak <= room))
+    return {"batch": batch, "status": status, "measured_peak_bytes": peak, "fits": fits}
+
+
+def fit_part(args) -> int:
+    """The fit part: for each method (``--only``: these) and emulated size, fit's answer against recordings at it
+    and one batch past it. Resumable; no recording starts past the deadline."""
+    out, root = args.out.resolve(), args.runs.resolve() / "fit"
+    out.mkdir(parents=True, exist_ok=True)
+    methods = [m for m in (args.only or FIT_METHODS)]
+    t0 = time.perf_counter()
+    deadline = t0 + args.deadline_s if args.deadline_s is not None else None
+    rows, longest = [], 0.0
+    for method in methods:
+        for size in FIT_SIZES[args.device]:
+            answer = fit_answer(method, args.preset, args.device, size)
+            largest = answer["largest"]
+            row = {**answer, "recorded": [], "verdict": "not recorded"}
+            for batch in ([largest, largest + 1] if largest else [1]):
+                if deadline is not None and time.perf_counter() + longest > deadline:
+                    row["verdict"] = "not recorded: the deadline (--deadline-s) came first"
+                    break
+                start = time.perf_counter()
+                row["recorded"].append(fit_recording(method, args.preset, args.device, batch, answer["room_bytes"],
+                                                     root / f"{method}-{size >> 20}MiB" / f"b{batch}"))
+                longest = max(longest, time.perf_counter() - start)
+            row["verdict"] = fit_verdict(largest, row["recorded"]) if row["recorded"] else row["verdict"]
+            print(f"{method} at {size >> 20:,} MiB: fit says {largest}; {row['verdict']}", flush=True)
+            rows.append(row)
+    env = environment(json.loads(os.environ.get(INSTALLED_FLAG) or "[]"))
+    summary = {"part": "fit", "device": args.device, "preset": args.preset, "environment": env, "fit": rows,
+               "agrees": sum(r["verdict"] == "agrees" for r in rows), "wall_s": time.perf_counter() - t0}
+    (out / "summary-fit.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "summary-fit.md").write_text(fit_markdown(summary))
+    print(fit_markdown(summary), flush=True)
+    return 0 if summary["agrees"] == len(rows) else 1
+
+
+def fit_verdict(largest: int | None, recorded: list[dict]) -> str:
+    """fit's answer against the recordings at it and one past it (at batch 1 where nothing fit)."""
+    by_batch = {r["batch"]: r["fits"] for r in recorded}
+    if not largest:
+        return "agrees" if by_batch.get(1) is False else "fit said nothing fits; batch 1 ran"
+    if by_batch.get(largest) is False:
+        return f"fit too high: batch {largest} ran out of memory"
+    if by_batch.get(largest + 1) is True:
+        return f"fit too low: batch {largest + 1} ran"
+    return "agrees" if len(by_batch) == 2 else "not recorded past the answer"
+
+
+def fit_markdown(summary: dict) -> str:
+    gpu = summary["environment"]["gpu"] or {}
+    unit, scale = ("GiB", 2**30) if summary["device"] == "cuda" else ("MiB", 2**20)
+    lines = ["# GPU check, part fit", "",
+             f"{gpu.get('name', 'no GPU')} ({summary['device']}), torch {summary['environment']['torch']}, preset "
+             f"{summary['preset']}; {summary['wall_s']:.0f} s. fit's largest batch agrees with the recordings at "
+             f"{summary['agrees']} of {len(summary['fit'])} sizes.", "",
+             f"| method | device {unit} | allocator room MiB | fit's batch | recorded (batch: status, peak MiB) | "
+             "verdict |", "|---|---:|---:|---:|---|---|"]
+    for r in summary["fit"]:
+        recorded = "; ".join(f"{x['batch']}: {x['status']}, {_mib(x['measured_peak_bytes'])}" for x in r["recorded"])
+        lines.append(f"| {r['method']} | {r['size_bytes'] / scale:g} | {_mib(r['room_bytes'])} | {r['largest']} | "
+                     f"{recorded or '-'} | {r['verdict']} |")
+    return "\n".join(lines) + "\n"
+
+
 def collect(dirs: list[Path], target: Path) -> int:
     """The parts' summaries (as brought back) merged into ``target``: summary.json and summary.md."""
     summaries = [json.loads(p.read_text()) for d in dirs for p in sorted(d.glob("summary-*.json"))]
@@ -665,7 +776,8 @@ def collect(dirs: list[Path], target: Path) -> int:
         return 2
     target.mkdir(parents=True, exist_ok=True)
     (target / "summary.json").write_text(json.dumps(summaries, indent=2))
-    (target / "summary.md").write_text("\n".join(markdown(s) for s in summaries))
+    (target / "summary.md").write_text("\n".join(fit_markdown(s) if s["part"] == "fit" else markdown(s)
+                                                 for s in summaries))
     print(f"-> {target}")
     return 0
 
@@ -675,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     check = sub.add_parser("check", help="install, record, check and pack (the default)")
     for p in (parser, check):
-        p.add_argument("--part", choices=[*PARTS, "all"], default="all")
+        p.add_argument("--part", choices=[*PARTS, "fit", "all"], default="all",
+                       help="all: the recording parts (fit runs apart: --part fit)")
         p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
         p.add_argument("--preset", default="gpu-check")
         p.add_argument("--runs", type=Path, default=ROOT / "traces" / "gpu-check")
@@ -720,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         return collect(args.dirs, args.target)
     if not (args.no_install or args.no_record) and INSTALLED_FLAG not in os.environ:
         _reexec_installed(args.site, install(args.wheels, args.site))
-    return run_part(args)
+    return fit_part(args) if args.part == "fit" else run_part(args)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ class RunSettings:
     profiled_steps: int = _option(2, "--profiled-steps", "Active steps of the time-profiling cycle.", int, minimum=1)
     memory_steps: int = 1  # active steps of the memory-profiling cycle
     seed: int = 0
+    # The caching allocator held to this many bytes (torch.cuda.set_per_process_memory_fraction): a GPU with less
+    # memory emulated on a larger one, as the GPU check does to hold `profkit fit` to recordings. CUDA only.
+    memory_limit_bytes: int | None = None
     engine: str = _option("loop", "--engine", "loop: profkit's own training loop; trainer: transformers.Trainer "
                           "with profkit's callback, a DeepSpeed config with Hugging Face's \"auto\" sizes, or "
                           "accelerate's FSDP2 plugin.", str, choices=ENGINES)

@@ -76,6 +76,11 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
 
         device = resolve_device(settings.device)
         record.device = device_info(device)
+        if settings.memory_limit_bytes:  # a smaller GPU emulated (the GPU check's fit part)
+            from profkit.record.cuda_allocator import limit_allocator
+
+            record.device["memory_limit_bytes"] = settings.memory_limit_bytes
+            record.device["memory_fraction"] = limit_allocator(device, settings.memory_limit_bytes)
         # The prediction is made before the run, so an OOM or failed run still carries it.
         record.estimate = predict(method, settings, device, record.device.get("name"))
         record.model = {"preset": None if settings.model_path else settings.preset, "path": settings.model_path}

@@ -14,6 +14,21 @@ from profkit.record.phase_schedule import PhaseWork
 CUDA_HISTORY_MAX_ENTRIES = 200_000
 
 
+def limit_allocator(device: str, limit_bytes: int) -> float:
+    """Hold the caching allocator on ``device`` to ``limit_bytes`` (its share of the device's memory, as
+    ``torch.cuda.set_per_process_memory_fraction`` takes it): a request beyond it fails as on a GPU that small.
+    Returns the fraction set; ValueError where the device has no caching allocator or is smaller than the limit."""
+    if not str(device).startswith("cuda"):
+        raise ValueError(f"a memory limit holds the CUDA caching allocator; the {device} has none (on the CPU, "
+                         "compare the recorded peak with the budget instead)")
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    if limit_bytes > total:
+        raise ValueError(f"a memory limit of {limit_bytes} bytes is more than the device's {total}")
+    fraction = limit_bytes / total
+    torch.cuda.set_per_process_memory_fraction(fraction)
+    return fraction
+
+
 class AllocatorHistory:
     def start(self) -> None:
         torch.cuda.memory._record_memory_history(max_entries=CUDA_HISTORY_MAX_ENTRIES)

@@ -191,3 +191,23 @@ def test_a_run_in_flight_at_the_deadline_is_stopped_and_kept_as_interrupted(tmp_
     assert run["status"] == "interrupted" and run["phases_done"] is not None
     assert "phases done" in run["checks"][0]["detail"] and not run["checks"][0]["ok"]
     assert (runs / "full" / "manifest.json").is_file()
+
+
+def test_the_fit_part_holds_fits_answer_to_recordings_at_it_and_past_it(tmp_path):
+    """The fit part on CPU and micro, for one method: fit's largest batch for the CPU's budget, recorded at it and one
+    past it with the recorded peak standing in for the device; its summary merges with the others'."""
+    out = tmp_path / "out"
+    code = gpu_check.main(["--device", "cpu", "--preset", "micro", "--part", "fit", "--only", "lora", "--no-install",
+                           "--runs", str(tmp_path / "runs"), "--out", str(out)])
+    summary = json.loads((out / "summary-fit.json").read_text())
+    [row] = summary["fit"]
+    assert code == 0 and row["verdict"] == "agrees", row
+    at, past = row["recorded"]
+    assert (at["batch"], past["batch"]) == (row["largest"], row["largest"] + 1)
+    assert at["measured_peak_bytes"] <= row["room_bytes"] < past["measured_peak_bytes"]
+    assert "| lora | 18 |" in (out / "summary-fit.md").read_text()
+    assert gpu_check.collect([out], tmp_path / "reports") == 0
+    assert "part fit" in (tmp_path / "reports" / "summary.md").read_text()
+    # On the CPU no limit is set: the run runs, and its peak against the room says it does not fit.
+    small = gpu_check.fit_recording("lora", "micro", "cpu", 2, 1 << 20, tmp_path / "small")
+    assert small["status"] == "ok" and not small["fits"]

@@ -140,3 +140,20 @@ def test_nothing_fits_names_the_smallest_setting_and_bad_input_exits_2():
                        (["--budget", "8GiB", "nonsense"], "lora")):
         bad = invoke("fit", *args, "--preset", "micro")
         assert bad.returncode == 2 and said in bad.stderr, (args, bad.stderr)
+
+
+@pytest.mark.long
+def test_the_readmes_worked_example_is_what_fit_says():
+    """The README's `fit` example from axolotl's config: the figures it shows are the command's."""
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    config = root / "tests/data/configs/axolotl/llama-3.2-1b-lora.yml"
+    result = invoke("fit", "--config", str(config), "--gpu", "L4", "-f", "json")
+    assert result.returncode == 0, result.stderr
+    [row] = json.loads(result.stdout)["methods"]
+    batch, seq = row["largest_batch"]["largest"], row["longest_sequence"]["largest"]
+    readme = (root / "README.md").read_text()
+    shown = next(line for line in readme.splitlines() if line.startswith(f"│ {row['method']} "))
+    assert [c.strip() for c in shown.split("│")[2:4]] == [f"{batch:,}", f"{seq:,}"], shown
+    assert f"Batch {batch} fits at 2,048 tokens; batch {batch + 1}" in readme

@@ -166,3 +166,10 @@ def test_a_memory_cycle_stopped_in_its_first_step_keeps_the_storage_lifetimes(tm
     cycle.stop()
     cycle.labels.remove()
     assert run_dir.storage_lifetimes.stat().st_size > 0 and cycle.profiler is None and "process_rss" in record.peaks
+
+
+def test_a_memory_limit_needs_the_cuda_caching_allocator():
+    from profkit.record.cuda_allocator import limit_allocator
+
+    with pytest.raises(ValueError, match="the cpu has none"):
+        limit_allocator("cpu", 1 << 30)
