@@ -14,6 +14,7 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import shrunk_default_config
 from profkit.predict.allocator import CachingAllocator, OutOfMemory, rounded, segment_size
 from profkit.predict.estimate import EstimateError, estimate, estimate_run
+from profkit.predict.step_replay import growing_lengths, interpolated
 from tests.conftest import invoke
 
 SNAPSHOTS = Path(__file__).parent / "data" / "cuda-snapshots"
@@ -109,6 +110,29 @@ def test_the_second_step_is_the_first_again_less_the_state_it_made(method, ranks
     kept = len(ran.events[ran.steps[0]:ran.steps[1]]) - len(ran.events[ran.steps[1]:ran.steps[2]])
     # AdamW's state, made at the first step, on the device unless offloaded; SGD without momentum keeps none
     assert (kept > 0) == ("offload" not in overrides and overrides.get("optimizer") != "sgd")
+
+
+@pytest.mark.parametrize("method, ranks, overrides", [
+    ("full", 1, {}), ("lora_gc", 1, {}), ("qlora", 1, {}), ("full_fsdp", 2, {}), ("qlora_fsdp_gc", 2, {}),
+    ("lora", 1, {"grad_accum": 4}), ("lora", 1, {"loss": "chunked"})])
+def test_steps_of_growing_lengths_are_each_lengths_first_step_less_the_state_and_three_make_a_fourth(method, ranks,
+                                                                                                     overrides):
+    """The growing-length run is not traced whole: each later step is its length's first step less the state the
+    first made, and a length's step is interpolated from three others where their calls agree. Held to the run
+    really traced at those lengths, call by call, and its replay byte for byte."""
+    e = estimate_run(with_overrides(get_method(method), **overrides), RunSettings(method=method, preset="micro"),
+                     "cuda", ranks)
+    lengths = growing_lengths(e.settings["seq_len"])
+    ran = e.tracer(lengths)
+    composed = e.tracer((lengths[0],))
+    for n in lengths[1:]:
+        composed = composed.then(e.tracer((n,)))
+    assert composed.steps == ran.steps and composed.canonical() == ran.canonical()
+    samples = {n: e.tracer((n,)) for n in lengths if n != lengths[2]}
+    guessed = interpolated(samples, lengths[2])
+    if guessed is not None:  # the chunked loss' chunks follow the length in steps, not as a polynomial
+        assert guessed.canonical() == e.tracer((lengths[2],)).canonical()
+    assert e.growing_replay == ran.through()
 
 
 ARCHITECTURES = sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)[::12]  # a spread sample: a replay runs two whole steps

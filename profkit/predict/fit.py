@@ -32,7 +32,7 @@ from profkit.model.build import model_config
 from profkit.predict.estimate import estimate_methods
 from profkit.predict.mechanisms import stacked_run
 from profkit.predict.memory.result import Estimate, EstimateError
-from profkit.predict.step_replay import MALLOC, AllocationTrace, fixed_lengths
+from profkit.predict.step_replay import AllocationTrace, fixed_lengths, interpolated
 from profkit.predict.step_time import predict_run
 
 __all__ = ["BATCH", "SEQUENCE", "Accumulated", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling",
@@ -98,7 +98,7 @@ class Scaling:
 
     dimension: str
     samples: dict[int, Estimate]
-    _traces: dict[int, list] = field(default_factory=dict, repr=False)
+    _firsts: dict[int, AllocationTrace] = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
         xs = sorted(self.samples)
@@ -106,16 +106,14 @@ class Scaling:
         if any(set(e.instants) != set(first.instants) for e in self.samples.values()):
             raise NotScalable("the instants of the step differ between sample points")
         # The steady step's first step: the sample's own trace, which its check replays too
-        traces = {x: e.trace and AllocationTrace(e.trace.events[:e.trace.steps[1]], e.trace.steps[:1])
-                  for x, e in self.samples.items()}
-        if any((t is None) != (traces[xs[0]] is None) for t in traces.values()):
+        firsts = {x: e.trace and e.trace.first_step() for x, e in self.samples.items()}
+        if any((t is None) != (firsts[xs[0]] is None) for t in firsts.values()):
             raise NotScalable("the step is replayed at some sample points only")
-        if traces[xs[0]] is not None:
-            self._traces = {x: t.canonical() for x, t in traces.items()}
-            shape = [(k, h, s) for k, h, _, s in self._traces[xs[0]]]
-            if any([(k, h, s) for k, h, _, s in t] != shape for t in self._traces.values()):
+        if firsts[xs[0]] is not None:
+            shape = [(k, h, s) for k, h, _, s in firsts[xs[0]].canonical()]
+            if any([(k, h, s) for k, h, _, s in t.canonical()] != shape for t in firsts.values()):
                 raise NotScalable("the step's allocations differ in order or number between sample points")
-            self._steps = traces[xs[0]].steps
+            self._firsts = firsts
 
     def _at(self, values: list[int], x: int) -> int:
         return _interpolate(sorted(self.samples), values, x)
@@ -129,12 +127,10 @@ class Scaling:
         instants = {i: {c: self._at([self.samples[s].instants[i][c] for s in xs], x) for c in cats}
                     for i, cats in first.instants.items()}
         tracer: Callable | None = None
-        if self._traces:
-            events = tuple((kind, handle, self._at([self._traces[s][n][2] for s in xs], x) if kind == MALLOC else 0,
-                            stream) for n, (kind, handle, _, stream) in enumerate(self._traces[xs[0]]))
-            if any(e[2] < 0 for e in events):
-                raise NotScalable("an interpolated allocation is negative")
-            one_step = AllocationTrace(events, self._steps)
+        if self._firsts:
+            one_step = interpolated(self._firsts, x)
+            if one_step is None:
+                raise NotScalable("an interpolated allocation is not a whole, non-negative number of bytes")
             seq = x if self.dimension == SEQUENCE else first.settings["seq_len"]
 
             def tracer(lengths, one_step=one_step, seq=seq):

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import weakref
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 from torch.utils import _pytree as pytree
@@ -127,16 +128,52 @@ class AllocationTrace:
         return [(kind, names.setdefault(handle, len(names)), nbytes, stream)
                 for kind, handle, nbytes, stream in self.events]
 
-    def repeated(self) -> AllocationTrace:
-        """The last step run once more, as the next step of the same lengths runs it: the same calls less what the
-        step made to keep (allocated in it and live at its end: the optimizer's state, made at its first step)."""
-        step = self.events[self.steps[-1]:]
+    def first_step(self) -> AllocationTrace:
+        """The weights' loading and the first step alone."""
+        end = self.steps[1] if len(self.steps) > 1 else len(self.events)
+        return AllocationTrace(self.events[:end], self.steps[:1])
+
+    def then(self, other: AllocationTrace) -> AllocationTrace:
+        """These steps, then ``other``'s last step (a step of another length, say) run as the next one: its calls
+        less what it made to keep (allocated in it and live at its end: the optimizer's state, made at the first
+        step and kept by every later one)."""
+        step = other.events[other.steps[-1]:]
         made = {handle for kind, handle, _, _ in step if kind == MALLOC}
         freed = {handle for kind, handle, _, _ in step if kind == FREE}
         offset = 1 + max(handle for _, handle, _, _ in self.events)
         again = tuple((kind, handle + offset, nbytes, stream) for kind, handle, nbytes, stream in step
                       if handle in made and handle in freed)
         return AllocationTrace(self.events + again, self.steps + (len(self.events),))
+
+    def repeated(self) -> AllocationTrace:
+        """The last step run once more, as the next step of the same lengths runs it."""
+        return self.then(self)
+
+
+def interpolated(samples: dict[int, AllocationTrace], x: int) -> AllocationTrace | None:
+    """The trace at length ``x`` from traces at other lengths whose calls agree in order, kind and stream: each
+    size the polynomial through the samples' sizes (sizes are products of dimensions: at most quadratic in the
+    length with three samples), exactly; None where the calls differ or a size is not a whole number of bytes."""
+    xs = sorted(samples)
+    calls = {n: samples[n].canonical() for n in xs}
+    shape = [(k, h, st) for k, h, _, st in calls[xs[0]]]
+    if any([(k, h, st) for k, h, _, st in calls[n]] != shape for n in xs[1:]) or \
+            any(samples[n].steps != samples[xs[0]].steps for n in xs[1:]):
+        return None
+    weights = []
+    for i, xi in enumerate(xs):
+        w = Fraction(1)
+        for j, xj in enumerate(xs):
+            if j != i:
+                w *= Fraction(x - xj, xi - xj)
+        weights.append(w)
+    events = []
+    for n, (kind, handle, _, stream) in enumerate(calls[xs[0]]):
+        size = sum(w * calls[xi][n][2] for w, xi in zip(weights, xs))
+        if size.denominator != 1 or size < 0:
+            return None
+        events.append((kind, handle, int(size), stream))
+    return AllocationTrace(tuple(events), samples[xs[0]].steps)
 
 
 class _Recorder:

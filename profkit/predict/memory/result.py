@@ -12,7 +12,8 @@ import pandas as pd
 
 from profkit.core.bundled import bundled
 from profkit.core.categories import MEMORY_CATEGORIES
-from profkit.predict.step_replay import AllocationTrace, AllocatorReplay, fixed_lengths, growing_lengths
+from profkit.predict.step_replay import (AllocationTrace, AllocatorReplay, fixed_lengths, growing_lengths,
+                                       interpolated)
 
 # The breakdown's categories, less the two only a measurement has.
 CATEGORIES = tuple(c for c in MEMORY_CATEGORIES if c not in ("allocator_overhead", "unattributed"))
@@ -49,10 +50,22 @@ class Estimate:
 
     @functools.cached_property
     def growing_replay(self) -> AllocatorReplay | None:
+        """The steps of ``growing_lengths`` through the allocator, each later step its length's first step less the
+        state the first made (``AllocationTrace.then``): the full length's is the fixed trace's, the others traced
+        once each, or, where three lengths are known and their calls agree, interpolated exactly from them."""
         if self.replay is None:
             return None
-        trace = self.tracer(growing_lengths(self.settings["seq_len"]))
-        return trace.through() if trace is not None else None
+        lengths = growing_lengths(self.settings["seq_len"])
+        firsts = {lengths[-1]: self.trace.first_step()}
+        for length in lengths[:-1]:
+            known = {n: t for n, t in firsts.items() if t is not None}
+            firsts[length] = (interpolated(known, length) if len(known) >= 3 else None) or self.tracer((length,))
+            if firsts[length] is None:
+                return None
+        trace = firsts[lengths[0]]
+        for length in lengths[1:]:
+            trace = trace.then(firsts[length])
+        return trace.through()
 
     @property
     def peak_instant(self) -> str:
