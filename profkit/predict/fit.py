@@ -213,9 +213,17 @@ def boundary(method: Method, dimension: str, settings: RunSettings, device: Devi
         def fits(x: int) -> bool:
             return check(x)["fits"]
 
-        if not fits(smallest):
-            return Boundary(method.label, dimension, fixed, None, None, check(smallest), searched, limit, len(checked))
-        low, high = smallest, smallest
+        # From the user's own value: where it fits, doubling from there; where it does not, bisection below it
+        # (fitting is monotone in either dimension, so the answer is the same as from the smallest value up).
+        start = max(smallest, min(limit, getattr(settings, dimension) // step * step))
+        if not fits(start):
+            if start == smallest or not fits(smallest):
+                return Boundary(method.label, dimension, fixed, None, None, check(smallest), searched, limit,
+                                len(checked))
+            largest = _bisect(fits, smallest, start, step)
+            return Boundary(method.label, dimension, fixed, largest, check(largest), check(largest + step),
+                            searched, limit, len(checked))
+        low, high = start, start
         while fits(high):  # doubling, then bisection between the last that fits and the first that does not
             low = high
             if high >= limit:
