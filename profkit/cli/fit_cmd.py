@@ -37,6 +37,8 @@ def fit(
     world_size: int = typer.Option(1, min=1, help="Ranks: ZeRO and FSDP shard across them."),
     effective_batch: Optional[int] = typer.Option(None, min=1, help="Samples per optimizer step, every rank "
                                                   "together: kept with gradient accumulation."),
+    vary: Optional[str] = typer.Option(None, help="Also search each method's variants in these, comma-separated: "
+                                       "optimizer (8-bit, paged), loss (chunked), offload (sharded methods)."),
     device: str = typer.Option("cuda", help="Target: cuda or cpu (with --budget)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help=STACK_HELP),
@@ -69,8 +71,13 @@ def fit(
             fail_usage("fit searches training steps; generation methods: `profkit estimate`")
     settings = workload_settings(run_settings).resolved()
     stack = read_stack(stack_text, stack_first)
-    from profkit.predict.fit import Device, fit_methods  # heavy: torch; `profkit --help` starts without it
+    from profkit.predict.fit import Device, fit_methods, variants  # heavy: torch; `--help` starts without it
 
+    if vary:
+        try:
+            chosen = variants(chosen, [v.strip() for v in vary.split(",") if v.strip()])
+        except ValueError as exc:
+            fail_usage(str(exc))
     room = Device(device_bytes, margin, target_gpu.key if target_gpu else human_bytes(device_bytes))
     err = Console(stderr=True)
     with err.status("") as status:

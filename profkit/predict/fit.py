@@ -25,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from itertools import product
 
-from profkit.core.methods import Method, with_overrides
+from profkit.core.methods import Method, OverrideError, with_overrides
 from profkit.core.settings import RunSettings
 from profkit.model.build import model_config
 from profkit.predict.estimate import estimate_methods
@@ -35,13 +36,41 @@ from profkit.predict.memory.result import Estimate, EstimateError
 from profkit.predict.step_replay import AllocationTrace, fixed_lengths, interpolated
 from profkit.predict.step_time import predict_run
 
-__all__ = ["BATCH", "SEQUENCE", "Accumulated", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling",
+__all__ = ["BATCH", "SEQUENCE", "VARY", "Accumulated", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling",
            "accumulated", "boundary", "fit_methods", "sequence_limit"]
 
 BATCH, SEQUENCE = "batch_size", "seq_len"
 DEGREE = {BATCH: 1, SEQUENCE: 2}  # of each size as a polynomial in the dimension
 LIMIT = {BATCH: 1 << 16, SEQUENCE: 1 << 21}  # where the search stops looking, when nothing else bounds it
 STEP = {BATCH: 1, SEQUENCE: 8}  # the search's resolution: sequences in multiples of 8 tokens
+
+
+# What a search may vary beside the methods themselves (checkpointing, LoRA or QLoRA and sharding are methods):
+# the values tried besides each method's own. A variant a method cannot take (offload without sharding) is skipped.
+VARY = {"optimizer": ("adamw-8bit", "paged-adamw-8bit"), "loss": ("chunked",),
+        "offload": ("optimizer", "optimizer+params")}
+
+
+def variants(methods: list[Method], vary: list[str]) -> list[Method]:
+    """Each method, then its variants in what ``vary`` names (``VARY``'s keys; ValueError naming them where one is
+    unknown): every combination of its own value and the alternatives the method can take."""
+    unknown = [v for v in vary if v not in VARY]
+    if unknown:
+        raise ValueError(f"cannot vary {', '.join(unknown)}; valid: {', '.join(VARY)}")
+    out = []
+    for method in methods:
+        out.append(method)
+        for combo in product(*[(None, *VARY[v]) for v in vary]):
+            changes = {k: v for k, v in zip(vary, combo) if v is not None}
+            if not changes:
+                continue
+            try:
+                variant = with_overrides(method, **changes)
+            except OverrideError:
+                continue
+            if variant.label not in {m.label for m in out}:
+                out.append(variant)
+    return out
 
 
 class NotScalable(Exception):
@@ -61,21 +90,24 @@ class Device:
         return int(self.device_bytes * (1 - self.margin))
 
     def check(self, e: Estimate) -> dict:
-        """Whether ``e`` fits, with its peaks and what holds the memory at its peak."""
+        """Whether ``e`` fits, with its peaks, what holds the memory at its peak and the headroom left (the usable
+        bytes less what nvidia-smi would show, or less the allocated peak on the CPU; negative: short by that)."""
         row = {"peak_bytes": e.peak_bytes, "at_peak": e.at_peak(), "peak_instant": e.peak_instant}
         if e.settings.get("device") != "cuda":
             return {**row, "basis": "allocated peak", "fits": e.peak_bytes <= self.usable_bytes,
-                    "reserved_bytes": None, "device_used_bytes": None, "failed_request_bytes": None}
+                    "reserved_bytes": None, "device_used_bytes": None, "failed_request_bytes": None,
+                    "headroom_bytes": self.usable_bytes - e.peak_bytes}
         used = e.device_used()
         outside = sum(used["outside_allocator"].values())
         replayed = e.on_device(self.usable_bytes) if e.trace is not None else None
         if replayed is not None:
+            shown = replayed["reserved_bytes"] + outside
             return {**row, "basis": "replay", "fits": replayed["fits"], "reserved_bytes": replayed["reserved_bytes"],
-                    "device_used_bytes": replayed["reserved_bytes"] + outside,
-                    "failed_request_bytes": replayed["failed_request_bytes"]}
+                    "device_used_bytes": shown, "failed_request_bytes": replayed["failed_request_bytes"],
+                    "headroom_bytes": self.usable_bytes - shown}
         return {**row, "basis": "ratio", "fits": used["bytes"] <= self.usable_bytes,
                 "reserved_bytes": e.reserved()["bytes"], "device_used_bytes": used["bytes"],
-                "failed_request_bytes": None}
+                "failed_request_bytes": None, "headroom_bytes": self.usable_bytes - used["bytes"]}
 
 
 def _interpolate(xs: list[int], ys: list[int], x: int) -> int:

@@ -14,7 +14,7 @@ from profkit.core.settings import RunSettings
 from profkit.model.build import model_config
 from profkit.predict.estimate import estimate_run
 from profkit.predict.fit import (BATCH, SEQUENCE, STEP, Device, NotScalable, Scaling, _interpolate, accumulated,
-                                 boundary, sequence_limit)
+                                 boundary, sequence_limit, variants)
 from tests.conftest import invoke
 
 TRAINING = [name for name, m in METHODS.items() if m.kind == "train"]
@@ -102,6 +102,31 @@ def test_fit_ranks_the_accumulated_settings_and_refuses_an_uneven_share():
     bad = invoke("fit", "lora", "--preset", "micro", "--budget", "1GiB", "--effective-batch", "3",
                  "--world-size", "2")
     assert bad.returncode == 2 and "multiple of --world-size" in bad.stderr
+
+
+def test_variants_are_each_method_in_what_the_user_lets_vary_where_it_applies():
+    full, zero = get_method("full"), get_method("lora_zero3")
+    labels = [m.label for m in variants([full, zero], ["offload"])]
+    assert labels == ["full", "lora_zero3", "lora_zero3-offload-optimizer", "lora_zero3-offload-optimizer-params"]
+    assert [m.label for m in variants([get_method("lora_zero2")], ["offload"])] == [  # ZeRO-2 offloads no params
+        "lora_zero2", "lora_zero2-offload-optimizer"]
+    both = [m.label for m in variants([full], ["optimizer", "loss"])]
+    assert len(both) == 6 and both[0] == "full" and len(set(both)) == 6  # 3 optimizers x 2 losses
+    with pytest.raises(ValueError, match="valid: optimizer, loss, offload"):
+        variants([full], ["precision"])
+
+
+def test_fit_varies_the_optimizer_and_an_8bit_state_leaves_room_for_more():
+    result = invoke("fit", "full", "--preset", "micro", "--budget", "1GiB", "--vary", "optimizer", "-f", "json")
+    assert result.returncode == 0, result.stderr
+    rows = {r["method"]: r for r in json.loads(result.stdout)["methods"]}
+    assert set(rows) == {"full", "full-adamw-8bit", "full-paged-adamw-8bit"}
+    largest = {m: r["largest_batch"]["largest"] for m, r in rows.items()}
+    assert largest["full-adamw-8bit"] >= largest["full"]
+    at = rows["full"]["largest_batch"]["at"]
+    assert at["headroom_bytes"] == json.loads(result.stdout)["device"]["usable_bytes"] - at["device_used_bytes"] >= 0
+    bad = invoke("fit", "full", "--preset", "micro", "--budget", "1GiB", "--vary", "precision")
+    assert bad.returncode == 2 and "valid: optimizer, loss, offload" in bad.stderr
 
 
 def test_a_single_row_is_no_sample_point_and_a_fraction_is_no_size():
