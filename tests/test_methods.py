@@ -1,3 +1,4 @@
+import json
 import re
 from dataclasses import asdict
 
@@ -84,3 +85,12 @@ def test_methods_at_80_columns_cuts_no_name():
     assert all(len(line) <= 80 for line in lines) and "…" not in out.stdout
     table_rows = [line.split("│")[1].strip() for line in lines if line.startswith("│")]
     assert table_rows == list(METHODS)
+
+
+def test_methods_lists_the_gpus_gpu_takes():
+    from profkit.core import gpus
+
+    listed = json.loads(invoke("methods", "--gpus", "--json").stdout)
+    assert [g["name"] for g in listed] == list(gpus.GPUS)
+    table = invoke("methods", "--gpus", env={"COLUMNS": "80"})
+    assert "RTX-4090" in table.stdout and all(len(line) <= 80 for line in table.stdout.splitlines())

@@ -13,7 +13,6 @@ from rich.table import Table
 from profkit.cli import options
 from profkit.cli.common import fail_usage, parse_budget
 from profkit.cli.estimate_cmd import CONFIG_HELP, STACK_HELP, find_gpu, from_configs, read_stack, workload_settings
-from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS, UnknownMethodError, resolve
 from profkit.core.units import human_bytes
@@ -31,7 +30,8 @@ EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing 
 def fit(
     methods: list[str] = typer.Argument(None, help="Training methods (default: each that applies: on one rank the "
                                         "unsharded ones, on several every one).", show_default=False),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help=f"The GPU: {', '.join(gpus.GPUS)}."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="The GPU, e.g. RTX-4090, A100-SXM4-80GB (`profkit methods "
+                                      "--gpus` lists them)."),
     budget: Optional[str] = typer.Option(None, help="Or the device's memory, e.g. 24GiB, 16GB."),
     margin: float = typer.Option(0.05, min=0.0, max=0.5, help="Left free: this share of the device."),
     world_size: int = typer.Option(1, min=1, help="Ranks: ZeRO and FSDP shard across them."),

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profkit.configs.models import catalogue
+from profkit.core import gpus
 from profkit.core.methods import METHODS
 from profkit.core.stack import presets
 
@@ -14,14 +15,16 @@ from profkit.core.stack import presets
 def methods(as_json: bool = typer.Option(False, "--json", help="Print the registry as JSON."),
             stacks: bool = typer.Option(False, "--stacks", help="The named stacks --stack takes instead."),
             models: bool = typer.Option(False, "--models", help="The bundled model configurations --config's "
-                                        "model names are found in instead.")) -> None:
+                                        "model names are found in instead."),
+            gpu_table: bool = typer.Option(False, "--gpus", help="The GPUs --gpu takes instead.")) -> None:
     """List the methods profkit can record, with their settings."""
-    if stacks or models:
-        rows = _stacks() if stacks else _models()
+    if stacks or models or gpu_table:
+        rows = _stacks() if stacks else _models() if models else _gpus()
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return
-        table = Table(title="named stacks (--stack NAME)" if stacks else "model configurations (catalogue)")
+        table = Table(title="named stacks (--stack NAME)" if stacks else "model configurations (catalogue)"
+                      if models else "GPUs (--gpu NAME)")
         for column in rows[0] if rows else []:
             table.add_column(column, no_wrap=column in ("name", "id"))
         for row in rows:
@@ -59,6 +62,11 @@ def _sharding(m) -> str:
 def _stacks() -> list[dict]:
     return [{"name": name, "parts": ", ".join(f"{k}={v}" for k, v in e.items() if k not in ("what", "source")),
              "what": e["what"]} for name, e in presets().items()]
+
+
+def _gpus() -> list[dict]:
+    return [{"name": g.key, "memory_gib": f"{g.memory_bytes / 2**30:g}", "bf16_tflops": g.tflops.get("bf16", "-"),
+             "bandwidth_gb_s": f"{g.bytes_per_s / 1e9:g}"} for g in gpus.GPUS.values()]
 
 
 def _models() -> list[dict]:

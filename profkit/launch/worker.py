@@ -77,7 +77,7 @@ def run(settings: RunSettings, run_dir: RunDir, events, rank: int | None = None)
         device = resolve_device(settings.device)
         record.device = device_info(device)
         if settings.memory_limit_bytes:  # a smaller GPU emulated (the GPU check's fit part)
-            from profkit.record.cuda_allocator import limit_allocator
+            from profkit.record.cuda_allocator import limit_allocator  # heavy: torch, as the imports above
 
             record.device["memory_limit_bytes"] = settings.memory_limit_bytes
             record.device["memory_fraction"] = limit_allocator(device, settings.memory_limit_bytes)
