@@ -97,3 +97,14 @@ def test_every_help_fits_80_columns_with_nothing_cut(command, monkeypatch):
     if not command:  # each command's line whole, to its full stop (click alone cuts it at 45 characters)
         flat = " ".join(result.output.split())
         assert all(f"{name} {summary_line(function.__doc__)}" in flat for name, function, _ in COMMANDS)
+
+
+def test_a_model_the_catalogue_resolved_is_named_by_its_id_not_the_cache_path():
+    from profkit.cli.common import model_label
+    from profkit.configs.models import resolve_model
+    from profkit.core.settings import RunSettings
+
+    directory, _ = resolve_model("meta-llama/Llama-2-7b-hf")  # an id of the catalogue's own
+    assert model_label(RunSettings(method="lora", model_path=str(directory))) == "meta-llama/Llama-2-7b-hf"
+    assert model_label(RunSettings(method="lora", model_path="/data/ckpt")) == "/data/ckpt"
+    assert model_label(RunSettings(method="lora", preset="micro")) == "micro"

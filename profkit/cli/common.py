@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
+from profkit.core.bundled import cache_dir
 from profkit.core.exitcodes import Exit
 from profkit.core.units import parse_bytes
 
@@ -16,6 +18,15 @@ from profkit.core.units import parse_bytes
 def fail_usage(message: str) -> NoReturn:
     Console(stderr=True).print(f"[red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(Exit.USAGE)
+
+
+def model_label(settings) -> str:
+    """The model as the user named it: a preset, a local directory, or a model id profkit's catalogue resolved
+    (its config kept under profkit's cache as ``org--name``), never that cache's path."""
+    if not settings.model_path:
+        return settings.preset
+    path = Path(settings.model_path)
+    return path.name.replace("--", "/") if path.parent == cache_dir() / "models" else str(settings.model_path)
 
 
 def parse_budget(budget: str | None) -> int | None:
@@ -33,6 +44,13 @@ class Format(str, Enum):
     json = "json"
     csv = "csv"
     markdown = "markdown"
+
+
+class TableOrJson(str, Enum):
+    """The formats of a command whose one result has no flat table (fit, recommend)."""
+
+    table = "table"
+    json = "json"
 
 
 def numbered_if_long(names: list[str], room: int) -> dict[str, str]:

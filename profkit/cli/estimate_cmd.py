@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from profkit.cli import options
-from profkit.cli.common import Format, fail_usage, labelled_chunks, numbered_if_long
+from profkit.cli.common import Format, fail_usage, labelled_chunks, model_label, numbered_if_long
 from profkit.configs import ConfigError
 from profkit.configs.plan import plan
 from profkit.core import gpus
@@ -254,7 +254,7 @@ def _print(estimates, settings: RunSettings, device: str, world_size: int) -> No
 
     out = Console()
     table = at_peak(estimates)
-    caption = (f"{settings.model_path or settings.preset}, {device}" + (f", {world_size} ranks" if world_size > 1 else "")
+    caption = (f"{model_label(settings)}, {device}" + (f", {world_size} ranks" if world_size > 1 else "")
                + "; " + "; ".join(dict.fromkeys(_workload(e) for e in estimates)))
     by_method = {e.method: e for e in estimates}
     label = _method_labels(out, list(by_method))

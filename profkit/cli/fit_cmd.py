@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -11,16 +10,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from profkit.cli import options
-from profkit.cli.common import fail_usage, parse_budget
+from profkit.cli.common import TableOrJson as Format, fail_usage, model_label, parse_budget
 from profkit.cli.estimate_cmd import CONFIG_HELP, STACK_HELP, find_gpu, from_configs, read_stack, workload_settings
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS, UnknownMethodError, resolve
 from profkit.core.units import human_bytes
-
-class Format(str, Enum):
-    table = "table"
-    json = "json"
-
 
 EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits (the smallest setting and its "
           "peak are named); 2 bad arguments (unknown method, GPU or preset, a malformed budget).")
@@ -142,7 +136,7 @@ def _print(rows: list[dict], room, settings, world_size: int, effective: int | N
     if timed:
         fitting.sort(key=lambda r: -r["step_time"].tokens_per_s)
     t = Table(title=f"What fits {room.name} ({human_bytes(room.usable_bytes)} usable: {room.margin:.0%} left "
-                    f"free)", caption=f"{settings.model_path or settings.preset}"
+                    f"free)", caption=f"{model_label(settings)}"
                                       + (f", {world_size} ranks" if world_size > 1 else ""))
     t.add_column("method", no_wrap=True)
     t.add_column(f"batch at {settings.seq_len}", justify="right")

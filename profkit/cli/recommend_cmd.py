@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -14,7 +13,7 @@ from rich.table import Table
 from profkit import store
 from profkit.analyze import breakdown
 from profkit.cli import options
-from profkit.cli.common import fail_usage, parse_budget
+from profkit.cli.common import TableOrJson as Format, fail_usage, model_label, parse_budget
 from profkit.cli.estimate_cmd import (STACK_HELP, find_gpu, from_configs, read_stack, run_step_times,
                                       stacked_methods, workload_settings)
 from profkit.core import gpus
@@ -24,11 +23,6 @@ from profkit.core.settings import RunSettings
 from profkit.core.stack import Stack
 from profkit.core.units import human_bytes, human_seconds
 from profkit.predict import recommend as ranking
-
-class Format(str, Enum):
-    table = "table"
-    json = "json"
-
 
 EPILOG = (f"Exit codes: 0 at least one method fits; {Exit.FAILED.value} nothing fits the budget (the closest are "
           "shown); 2 bad arguments.")
@@ -78,7 +72,7 @@ def recommend(
         method, _, reason = refusal.partition(": ")
         by_reason.setdefault(reason or method, []).append(method.split(" on ")[0])
     if fmt is Format.json:
-        typer.echo(json.dumps({"budget_bytes": budget_bytes, "model": settings.model_path or settings.preset,
+        typer.echo(json.dumps({"budget_bytes": budget_bytes, "model": model_label(settings),
                                "seq_len": settings.seq_len, "batch_size": None if searched else settings.batch_size,
                                "batch": "largest that fits" if searched else "given", "target": target,
                                "gpu": target_gpu.key if target_gpu else None,
@@ -158,7 +152,7 @@ def _print(ranked, budget_bytes: int, settings: RunSettings, target: str, gpu: s
     fits = ranked[ranked.fits]
     batch = "each at the largest batch it fits" if searched else f"batch {settings.batch_size}"
     table = Table(title=f"Training methods within {human_bytes(budget_bytes)}: "
-                        f"{settings.model_path or settings.preset}, {batch} x {settings.seq_len}, {gpu or target}")
+                        f"{model_label(settings)}, {batch} x {settings.seq_len}, {gpu or target}")
     # Searched, every row is predicted (the note under the table says so): the batch takes the source's place.
     for col in ("rank", "method", *(["batch", "peak"] if searched else ["peak memory"]), "step time", "tokens/s",
                 *([] if searched else ["source"])):
