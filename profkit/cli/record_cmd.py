@@ -64,14 +64,20 @@ def record(
     methods: list[str] = typer.Argument(None, help=f"Methods to record ({', '.join(METHODS)}).", show_default=False),
     all_methods: bool = typer.Option(False, "--all", help="Record every method (the whole matrix)."),
     output: Path = typer.Option(DEFAULT_ROOT, "--output", "-o", help="Directory that receives one run per method."),
+    configs: list[Path] = typer.Option(None, "--config", help="Your training config (as `profkit estimate` reads "
+                                       "it): its method, settings and sizes are recorded, on its model where that "
+                                       "is a local checkpoint, else on --model or --preset.", show_default=False),
     run_settings: dict = None, method_settings: dict = None,
 ) -> None:
     """Record methods under torch.profiler, each in a fresh process, into OUTPUT/<method>/."""
     try:
-        chosen = resolve(methods or [], all_methods)
+        chosen = [] if configs else resolve(methods or [], all_methods)
         get_preset(run_settings["preset"])
     except (UnknownMethodError, UnknownPresetError) as exc:
         fail_usage(str(exc))
+    per_method = None  # from a config: each method with the settings that apply to it
+    if configs:
+        chosen, per_method, run_settings = _from_configs(configs, methods or [], method_settings, run_settings)
     if not chosen:
         fail_usage(f"name at least one method, or --all; valid methods: {', '.join(METHODS)}")
     engine, nproc = run_settings["engine"], run_settings["nproc"]
@@ -90,13 +96,17 @@ def record(
                    f"{single[0]} --world-size {nproc})")
     if dataset is not None and not dataset.is_file():
         fail_usage(f"--dataset {dataset}: no such file")
-    chosen, overrides = options.apply(chosen, method_settings)
-    base = RunSettings.from_options(run_settings, method="", overrides=overrides)
+    if per_method is None:
+        chosen, overrides = options.apply(chosen, method_settings)
+        per_method = [(m, overrides) for m in chosen]
     console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=False) as progress:
-            outcomes = runner.record(chosen, base, output, _ProgressObserver(progress, len(chosen)))
+            observer = _ProgressObserver(progress, len(chosen))
+            outcomes = [o for m, overrides in _batched(per_method)
+                        for o in runner.record(m, RunSettings.from_options(run_settings, method="",
+                                                                           overrides=overrides), output, observer)]
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]: the run in progress is marked 'interrupted'; complete runs are kept")
         raise typer.Exit(Exit.INTERRUPTED)
@@ -105,3 +115,41 @@ def record(
         raise typer.Exit(Exit.FAILED)
     if "unsupported" in statuses:
         raise typer.Exit(Exit.UNSUPPORTED)
+
+
+def _batched(per_method: list) -> list[tuple[list[Method], dict]]:
+    """Methods that share their settings recorded in one call (the matrix runs as one), the others apart."""
+    groups: list[tuple[list[Method], dict]] = []
+    for method, overrides in per_method:
+        if groups and groups[-1][1] == overrides:
+            groups[-1][0].append(method)
+        else:
+            groups.append(([method], overrides))
+    return groups
+
+
+def _has_weights(directory: Path) -> bool:
+    return any(directory.glob("*.safetensors")) or any(directory.glob("pytorch_model*.bin"))
+
+
+def _from_configs(configs: list[Path], named: list[str], method_settings: dict, run_settings: dict):
+    """What the config files say, as a recording takes it: the methods, each with the settings that apply to it,
+    and the run settings (the config's sizes; its model where its weights are here, else --model or the preset)."""
+    # only with --config: the config readers (YAML) stay out of a plain record's start
+    from profkit.cli.estimate_cmd import from_configs
+    from profkit.configs.plan import applicable
+
+    chosen, given, found, _, _, notes = from_configs(configs, named, method_settings, run_settings,
+                                                     run_settings["nproc"])
+    model = found["model_path"]
+    err = Console(stderr=True)
+    if model is not None and not _has_weights(Path(model)):
+        instead = run_settings["model_path"] or f"preset {run_settings['preset']}"
+        err.print(f"[yellow]note:[/] the config's model is a configuration only here, without weights: recorded on "
+                  f"{escape(str(instead))}, with the config's method, settings and sizes (--model DIR records a "
+                  "checkpoint of your own)", highlight=False)
+        model = run_settings["model_path"]
+    for note in notes:
+        err.print(f"[dim]{escape(note)}[/]", highlight=False)
+    run_settings = {**run_settings, "model_path": model, "batch_size": found["batch_size"], "seq_len": found["seq_len"]}
+    return chosen, [(m, applicable(METHODS[m.name], given)[0]) for m in chosen], run_settings

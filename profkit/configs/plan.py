@@ -56,12 +56,8 @@ def plan(paths: list[Path], named: list[str], cli_settings: dict, cli_model: Pat
                       cli_seq or reading.seq_len, cli_world or reading.world_size, stack, notes)
 
 
-def method_with_settings(name: str, given: dict, notes: list[str]):
-    """The registry's method with every setting that applies to it; those that do not are named."""
-    try:
-        method = get_method(name)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+def applicable(method, given: dict) -> tuple[dict, list[str]]:
+    """The settings of ``given`` that apply to ``method`` (with_overrides' names), and each other one with why not."""
     applied, skipped = {}, []
     for key, value in given.items():
         try:
@@ -70,6 +66,16 @@ def method_with_settings(name: str, given: dict, notes: list[str]):
             skipped.append(f"{key} ({exc})")
             continue
         applied[key] = value
+    return applied, skipped
+
+
+def method_with_settings(name: str, given: dict, notes: list[str]):
+    """The registry's method with every setting that applies to it; those that do not are named."""
+    try:
+        method = get_method(name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    applied, skipped = applicable(method, given)
     if skipped:
         notes.append(f"{name}: not applied: " + "; ".join(skipped))
     # named by its method alone: the files it came from are named beside the estimate

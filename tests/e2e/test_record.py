@@ -161,3 +161,32 @@ def test_record_without_the_profilers_export_decomposes_from_storage_lifetimes(t
         assert peak["optimizer_state"] == owners.get("optimizer_state", 0)
     assert bd.memory[(bd.memory.run == "infer_fp16") & (bd.memory.phase == "peak")].set_index("category") \
         .bytes["kv_cache"] == bd.records["infer_fp16"].inventory["kv_cache_bytes"]
+
+
+AXOLOTL = """base_model: meta-llama/Llama-3.2-1B
+adapter: lora
+lora_r: 4
+lora_alpha: 8
+lora_target_modules: [q_proj, v_proj]
+sequence_len: 64
+micro_batch_size: 2
+gradient_checkpointing: true
+optimizer: adamw_torch
+"""
+
+
+def test_record_from_a_users_config_records_its_method_settings_and_sizes_on_a_model_with_weights(tmp_path):
+    """A config whose model is known here as a configuration only (profkit's catalogue) is recorded with its method,
+    settings and sizes on the preset given beside it, and says so; the run's manifest states what the config set."""
+    config = tmp_path / "my-axolotl.yml"
+    config.write_text(AXOLOTL)
+    result = invoke("record", "--config", str(config), "--preset", "micro", "--device", "cpu",
+                    "--output", str(tmp_path / "runs"), env={"COLUMNS": "120"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "configuration only here" in result.stderr and "preset micro" in result.stderr
+    [run] = breakdown([tmp_path / "runs"]).records.values()
+    settings = run.run_settings
+    assert run.status == "ok" and run.method == "lora_gc"
+    assert settings["overrides"] == {"lora_rank": 4, "lora_alpha": 8, "lora_targets": "q_proj,v_proj",
+                                     "optimizer": "adamw", "precision": "auto"}
+    assert (settings["batch_size"], settings["seq_len"], settings["preset"]) == (2, 64, "micro")
