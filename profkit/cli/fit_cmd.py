@@ -32,7 +32,7 @@ def fit(
     effective_batch: Optional[int] = typer.Option(None, min=1, help="Samples per optimizer step, every rank "
                                                   "together: kept with gradient accumulation."),
     vary: Optional[str] = typer.Option(None, help="Also search each method's variants in these, comma-separated: "
-                                       "optimizer (8-bit, paged), loss (chunked), offload (sharded methods)."),
+                                       "optimizer (AdamW, 8-bit, paged), loss (chunked), offload (sharded methods)."),
     device: str = typer.Option("cuda", help="Target: cuda or cpu (with --budget)."),
     fmt: Format = typer.Option(Format.table, "--format", "-f", help="Output format."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help=STACK_HELP),
@@ -141,7 +141,7 @@ def _print(rows: list[dict], room, settings, world_size: int, effective: int | N
     t.add_column("method", no_wrap=True)
     t.add_column(f"batch at {settings.seq_len}", justify="right")
     t.add_column(f"seq at batch {settings.batch_size}", justify="right")
-    t.add_column("nvidia-smi", justify="right")
+    t.add_column("memory", justify="right")  # a header narrower than the figures: never cut at 80 columns
     if effective:
         t.add_column(f"{effective} as", justify="right")
     if timed:
@@ -189,6 +189,8 @@ def _print(rows: list[dict], room, settings, world_size: int, effective: int | N
         if "refused" in r:
             out.print(f"[dim]not searched ({escape(r['refused'])})[/]", highlight=False)
     searched = {b.searched.split(" (")[0] for r in rows if "refused" not in r for b in (r["batch"], r["sequence"])}
+    out.print("[dim]memory: what nvidia-smi would show at the largest batch (the allocated peak on the CPU)[/]",
+              highlight=False)
     out.print("[dim]note: each boundary is a setting whose estimate fits and one step past it (a batch of one more, "
               "8 more tokens) that does not; + : still fits at the search's limit (the model's longest sequence)"
               + (f"; searched: {'; '.join(sorted(searched))}" if searched else "") + "[/]", highlight=False)

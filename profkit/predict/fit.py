@@ -46,8 +46,8 @@ STEP = {BATCH: 1, SEQUENCE: 8}  # the search's resolution: sequences in multiple
 
 
 # What a search may vary beside the methods themselves (checkpointing, LoRA or QLoRA and sharding are methods):
-# the values tried besides each method's own. A variant a method cannot take (offload without sharding) is skipped.
-VARY = {"optimizer": ("adamw-8bit", "paged-adamw-8bit"), "loss": ("chunked",),
+# the values tried, each method's own among them where it has one. A variant a method cannot take (offload without sharding) is skipped.
+VARY = {"optimizer": ("adamw", "adamw-8bit", "paged-adamw-8bit"), "loss": ("chunked",),
         "offload": ("optimizer", "optimizer+params")}
 
 
@@ -68,7 +68,7 @@ def variants(methods: list[Method], vary: list[str]) -> list[Method]:
                 variant = with_overrides(method, **changes)
             except OverrideError:
                 continue
-            if variant.label not in {m.label for m in out}:
+            if variant not in out:  # a value the method has already (a config's 8-bit AdamW) adds nothing
                 out.append(variant)
     return out
 

@@ -103,6 +103,15 @@ def _model_entry(r, configs: dict, find_model: Callable[[str], dict | None] = la
     return (r.model, {"config": found}) if found is not None else _model(r.model, configs)
 
 
+def _value(text: str, what: str) -> int | None:
+    """A boundary's value as a whole number, None where the row leaves it empty; NotPredicted naming it otherwise."""
+    if not text.strip():
+        return None
+    if not text.strip().isdigit():
+        raise NotPredicted(f"{what} is not a whole number ({text.strip()})")
+    return int(text)
+
+
 def verdict(fits_at_fits: bool | None, fits_at_oom: bool | None) -> str:
     """The estimate against the published boundary: it agrees where it fits where the source ran and does not
     where the source ran out of memory (None: the row does not state that side)."""
@@ -151,13 +160,14 @@ def compare_boundaries(table: Path, models: Path | None = None, split: str | Non
         if split and r.split != split:
             continue
         progress(f"{n + 1}: {r.model}, {r.method}, {r.varied}")
-        fits_value = int(r.fits_value) if r.fits_value.strip() else None
-        oom_value = int(r.oom_value) if r.oom_value.strip() else None
         row = {"split": r.split, "project": r.project, "model": r.model, "method": r.method, "varied": r.varied,
-               "fits_value": fits_value, "oom_value": oom_value, "gpu": r.gpu, "gpu_count": r.gpu_count,
+               "fits_value": None, "oom_value": None, "gpu": r.gpu, "gpu_count": r.gpu_count,
                "profkit_method": "", "world_size": None, "fits_at_fits": None, "fits_at_oom": None,
                "peak_at_fits_gb": None, "peak_at_oom_gb": None, "verdict": VERDICTS[4], "reason": "", "assumed": ""}
         try:
+            fits_value, oom_value = _value(r.fits_value, "the value that ran"), _value(r.oom_value, "the value that "
+                                                                                       "ran out of memory")
+            row.update(fits_value=fits_value, oom_value=oom_value)
             if fits_value is None and oom_value is None:
                 raise NotPredicted("neither a value that ran nor one that ran out of memory is stated")
             key, entry = _model_entry(r, configs, find_model)

@@ -114,8 +114,11 @@ def test_a_small_model_fits_at_two_and_not_at_thousands_and_unstated_rows_keep_t
     table = _table(tmp_path, {},
                    {"gpu": "not stated"},
                    {"fits_value": "", "oom_value": ""},
-                   {"method": "qlora", "quant": "nf4 (bnb)", "fits_value": "2", "oom_value": ""})
+                   {"method": "qlora", "quant": "nf4 (bnb)", "fits_value": "2", "oom_value": ""},
+                   {"fits_value": "ten"})
     rows = compare_boundaries(table, find_model=find_config)
+    assert rows.iloc[4].verdict == VERDICTS[4] and "not a whole number (ten)" in rows.iloc[4].reason
+    rows = rows.iloc[:4]
     assert list(rows.verdict) == [VERDICTS[0], VERDICTS[4], VERDICTS[4], VERDICTS[0]]
     first = rows.iloc[0]
     assert (first.fits_at_fits, first.fits_at_oom) == (True, False) and first.profkit_method.startswith("lora_gc")
