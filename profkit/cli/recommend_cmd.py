@@ -16,7 +16,6 @@ from profkit.cli import options
 from profkit.cli.common import TableOrJson as Format, fail_usage, model_label, parse_budget
 from profkit.cli.estimate_cmd import (STACK_HELP, find_gpu, from_configs, read_stack, run_step_times,
                                       stacked_methods, workload_settings)
-from profkit.core import gpus
 from profkit.core.exitcodes import Exit
 from profkit.core.methods import METHODS
 from profkit.core.settings import RunSettings
@@ -33,8 +32,9 @@ def recommend(
     path: Optional[Path] = typer.Argument(None, help="Recorded runs (traces/): rank by measured peak and step time."),
     budget: str = typer.Option(..., help="Memory budget, e.g. 8GiB, 7.5GB, 512MiB."),
     device: str = typer.Option("cuda", help="Without runs: the target, cuda or cpu."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help=f"Rank methods without a run at the largest batch each fits, "
-                                                         f"by tokens/s predicted on this GPU: {', '.join(gpus.GPUS)}."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Rank methods without a run at the largest batch each fits, "
+                                                         "by tokens/s predicted on this GPU (`profkit methods --gpus` "
+                                                         "lists them)."),
     stack_text: Optional[str] = typer.Option(None, "--stack", help="Without runs: " + STACK_HELP),
     configs: list[Path] = typer.Option(None, "--config", help="Without runs: your training config (see `profkit "
                                        "estimate --help`): its model, sizes, settings and stack; every method is "

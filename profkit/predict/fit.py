@@ -22,9 +22,9 @@ CPU, when the allocated peak is within the budget.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from itertools import product
 
 from profkit.core.methods import Method, OverrideError, with_overrides
@@ -33,7 +33,7 @@ from profkit.model.build import model_config
 from profkit.predict.estimate import estimate_methods
 from profkit.predict.mechanisms import stacked_run
 from profkit.predict.memory.result import Estimate, EstimateError
-from profkit.predict.step_replay import AllocationTrace, fixed_lengths, interpolated
+from profkit.predict.step_replay import AllocationTrace, fixed_lengths, interpolated, lagrange_weights
 from profkit.predict.step_time import predict_run
 
 __all__ = ["BATCH", "SEQUENCE", "VARY", "Accumulated", "Boundary", "Device", "EstimateError", "NotScalable", "Scaling",
@@ -46,7 +46,8 @@ STEP = {BATCH: 1, SEQUENCE: 8}  # the search's resolution: sequences in multiple
 
 
 # What a search may vary beside the methods themselves (checkpointing, LoRA or QLoRA and sharding are methods):
-# the values tried, each method's own among them where it has one. A variant a method cannot take (offload without sharding) is skipped.
+# the values tried, each method's own among them where it has one. A variant a method cannot take (offload
+# without sharding) is skipped.
 VARY = {"optimizer": ("adamw", "adamw-8bit", "paged-adamw-8bit"), "loss": ("chunked",),
         "offload": ("optimizer", "optimizer+params")}
 
@@ -112,13 +113,7 @@ class Device:
 
 def _interpolate(xs: list[int], ys: list[int], x: int) -> int:
     """The polynomial through ``(xs, ys)`` at ``x``, exactly; ``NotScalable`` where it is not a whole number."""
-    total = Fraction(0)
-    for i, (xi, yi) in enumerate(zip(xs, ys)):
-        term = Fraction(yi)
-        for j, xj in enumerate(xs):
-            if j != i:
-                term *= Fraction(x - xj, xi - xj)
-        total += term
+    total = sum(w * y for w, y in zip(lagrange_weights(xs, x), ys))
     if total.denominator != 1:
         raise NotScalable(f"a size is not a polynomial of degree {len(xs) - 1}")
     return int(total)
@@ -356,13 +351,12 @@ def fit_methods(methods: list[Method], settings: RunSettings, device: Device, ta
     settings = settings.resolved()
     limit = sequence_limit(model_config(settings))
     rows = []
-    for method in methods:
-        def with_method(m: Method, s: RunSettings) -> Estimate:
-            [e] = estimate_methods([m], s, target, world_size, stack, given)
-            return e
+    def with_method(m: Method, s: RunSettings) -> Estimate:
+        [e] = estimate_methods([m], s, target, world_size, stack, given)
+        return e
 
-        def one(s: RunSettings, method=method) -> Estimate:
-            return with_method(method, s)
+    for method in methods:
+        one = functools.partial(with_method, method)
 
         row = {"method": method.label, "seq_len": settings.seq_len, "batch_size": settings.batch_size}
         try:

@@ -71,9 +71,9 @@ def loss_of_kernels(loop: str) -> tuple[str, str]:
     return "", ""
 
 
-def figure_row(r, value: int, double_quant: str = "") -> SimpleNamespace:
-    """The wide set's columns for one boundary row with its varied dimension at ``value``; NotPredicted where its
-    loop computes a loss profkit has no form of."""
+def figure_row(r, value: int, double_quant: str = "", model: str | None = None) -> SimpleNamespace:
+    """The wide set's columns for one boundary row with its varied dimension at ``value`` (``model``: named as the
+    configuration found for it is); NotPredicted where its loop computes a loss profkit has no form of."""
     precision, _ = _precision(r)
     batch, seq = r.batch_size, r.seq_len
     if r.varied == "batch_size":
@@ -81,18 +81,13 @@ def figure_row(r, value: int, double_quant: str = "") -> SimpleNamespace:
     elif r.varied == "seq_len":
         seq = str(value)
     return SimpleNamespace(
-        model=r.model, kind="train", method=r.method, lora_r=r.lora_r, lora_alpha="", lora_targets=r.lora_targets,
+        model=model or r.model, kind="train", method=r.method, lora_r=r.lora_r, lora_alpha="", lora_targets=r.lora_targets,
         quant_type=r.quant, double_quant=double_quant or _words_double_quant(r.quant), kbit_upcast="",
         precision=precision, optimizer=r.optimizer, gradient_checkpointing=r.gradient_checkpointing,
         batch_size=batch, seq_len=seq, max_new_tokens="", gpu=r.gpu, gpu_count=r.gpu_count or "1",
         sharding=r.sharding, offload=r.offload, transformers=r.transformers_version,
         loss=loss_of_kernels(r.loop)[0], grad_accum="",
         bitsandbytes="", loop=r.loop)
-
-
-def replace_model(row: SimpleNamespace, key: str) -> SimpleNamespace:
-    """The row with its model named as the configuration found for it is."""
-    return SimpleNamespace(**{**vars(row), "model": key})
 
 
 def _model_entry(r, configs: dict, find_model: Callable[[str], dict | None] = lambda _: None) -> tuple[str, dict]:
@@ -122,18 +117,15 @@ def verdict(fits_at_fits: bool | None, fits_at_oom: bool | None) -> str:
     return VERDICTS[0]
 
 
-def _checked(r, key: str, entry: dict, value: int, device: Device, variants: list[str], limits: dict) -> dict:
+def _checked(r, key: str, entry: dict, config, value: int, device: Device, variants: list[str]) -> dict:
     """Whether the row's setting at ``value`` fits ``device``, under each unstated variant; NotPredicted if the row
-    does not determine an estimate."""
+    does not determine an estimate. ``config``: the model's, built once for the row."""
     results = {}
     for dq in variants:
-        figure = read_figure(replace_model(figure_row(r, value, dq), key), {key: entry})
+        figure = read_figure(figure_row(r, value, dq, model=key), {key: entry})
         if figure.method is None:
             raise NotPredicted(figure.reason)
-        config = config_of(entry)
-        if key not in limits:
-            limits[key] = sequence_limit(config)
-        seq_len, capped = within_positions(figure.seq_len, figure.seq_len, limits[key])
+        seq_len, capped = within_positions(figure.seq_len, figure.seq_len, sequence_limit(config))
         if capped:
             figure = replace(figure, seq_len=seq_len, assumed=(*figure.assumed, capped))
         try:
@@ -155,7 +147,7 @@ def compare_boundaries(table: Path, models: Path | None = None, split: str | Non
     (``fits_at_fits``) and at the one that ran out of memory (``fits_at_oom``), against the GPU each ran on, or the
     reason there is none. ``find_model``: a Hugging Face id's configuration (a dict), or None."""
     configs = json.loads((models or table.with_name("models.json")).read_text())
-    rows, limits = [], {}
+    rows = []
     for n, r in pd.read_csv(table, dtype=str, keep_default_na=False).iterrows():
         if split and r.split != split:
             continue
@@ -174,10 +166,9 @@ def compare_boundaries(table: Path, models: Path | None = None, split: str | Non
             device = Device(_gpu(r.gpu).memory_bytes, margin=0.0, name=r.gpu)
             stated = _words_double_quant(r.quant)
             variants = ["True", "False"] if r.method == "qlora" and not stated else [stated]
-            seen = {}
-            for side, value in (("fits", fits_value), ("oom", oom_value)):
-                if value is not None:
-                    seen[side] = _checked(r, key, entry, value, device, variants, limits)
+            config = config_of(entry)
+            seen = {side: _checked(r, key, entry, config, value, device, variants)
+                    for side, value in (("fits", fits_value), ("oom", oom_value)) if value is not None}
             verdicts = {verdict(seen["fits"][dq]["fits"] if "fits" in seen else None,
                                 seen["oom"][dq]["fits"] if "oom" in seen else None) for dq in variants}
             first = next(iter(seen.values()))[variants[0]]

@@ -150,6 +150,18 @@ class AllocationTrace:
         return self.then(self)
 
 
+def lagrange_weights(xs: list[int], x: int) -> list[Fraction]:
+    """The weights that make the polynomial through values at ``xs`` its value at ``x``, exactly."""
+    weights = []
+    for i, xi in enumerate(xs):
+        w = Fraction(1)
+        for j, xj in enumerate(xs):
+            if j != i:
+                w *= Fraction(x - xj, xi - xj)
+        weights.append(w)
+    return weights
+
+
 def interpolated(samples: dict[int, AllocationTrace], x: int) -> AllocationTrace | None:
     """The trace at length ``x`` from traces at other lengths whose calls agree in order, kind and stream: each
     size the polynomial through the samples' sizes (sizes are products of dimensions: at most quadratic in the
@@ -160,13 +172,7 @@ def interpolated(samples: dict[int, AllocationTrace], x: int) -> AllocationTrace
     if any([(k, h, st) for k, h, _, st in calls[n]] != shape for n in xs[1:]) or \
             any(samples[n].steps != samples[xs[0]].steps for n in xs[1:]):
         return None
-    weights = []
-    for i, xi in enumerate(xs):
-        w = Fraction(1)
-        for j, xj in enumerate(xs):
-            if j != i:
-                w *= Fraction(x - xj, xi - xj)
-        weights.append(w)
+    weights = lagrange_weights(xs, x)
     events = []
     for n, (kind, handle, _, stream) in enumerate(calls[xs[0]]):
         size = sum(w * calls[xi][n][2] for w, xi in zip(weights, xs))

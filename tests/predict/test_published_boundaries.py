@@ -16,7 +16,6 @@ from profkit.predict.published_throughput import NotPredicted
 from profkit.predict.published_boundaries import (
     VERDICTS,
     loss_of_kernels,
-    replace_model,
     _model_entry,
     _precision,
     _words_double_quant,
@@ -99,11 +98,11 @@ def test_every_published_row_reads_as_an_estimate_or_keeps_a_reason():
             assert str(exc)
             continue
         try:
-            row = figure_row(r, value, "True")
+            row = figure_row(r, value, "True", model=key)
         except NotPredicted as exc:
             assert str(exc)
             continue
-        figure = read_figure(replace_model(row, key), {key: entry})
+        figure = read_figure(row, {key: entry})
         assert figure.reason != "no configuration in models.json"
         assert figure.method is not None or figure.reason
         read += figure.method is not None

@@ -58,8 +58,7 @@ class Estimate:
         lengths = growing_lengths(self.settings["seq_len"])
         firsts = {lengths[-1]: self.trace.first_step()}
         for length in lengths[:-1]:
-            known = {n: t for n, t in firsts.items() if t is not None}
-            firsts[length] = (interpolated(known, length) if len(known) >= 3 else None) or self.tracer((length,))
+            firsts[length] = (interpolated(firsts, length) if len(firsts) >= 3 else None) or self.tracer((length,))
             if firsts[length] is None:
                 return None
         trace = firsts[lengths[0]]
